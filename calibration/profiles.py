@@ -1,0 +1,106 @@
+"""Hardware and model profiles: GPU specs × model geometry, and the quantities derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from prism.config import build, load_yaml, positive
+from prism.errors import UserError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_flops: float = positive(1.0, "dense bf16 FLOP/s")
+    hbm_bandwidth: float = positive(1.0, "HBM bytes/s")
+    memory_gib: float = positive(1.0, "device memory, GiB")
+    key: str = ""
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+
+@dataclass(frozen=True)
+class Model:
+    layers: int = positive(1)
+    hidden: int = positive(1)
+    heads: int = positive(1)
+    kv_heads: int = positive(1)
+    head_dim: int = positive(1)
+    intermediate: int = positive(1)
+    vocab: int = positive(1)
+    params: float = positive(1.0, "total parameter count")
+    tie_embeddings: bool = False
+    aliases: tuple[str, ...] = field(default=())
+    key: str = ""
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V for every layer: 2 · layers · kv_heads · head_dim · dtype bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> float:
+        return self.params * dtype_bytes
+
+    @property
+    def matmul_params(self) -> float:
+        """Parameters that take part in a matmul for every token (the embedding lookup does not)."""
+        embed = self.vocab * self.hidden
+        return self.params - (0 if self.tie_embeddings else embed)
+
+
+def _table(name: str) -> dict[str, Any]:
+    text = resources.files("prism.calibration").joinpath("profiles", name).read_text()
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def gpus() -> dict[str, GPU]:
+    return {k: build(GPU, {**v, "key": k}, f"gpus.yaml: {k}") for k, v in _table("gpus.yaml").items()}
+
+
+def models() -> dict[str, Model]:
+    out = {}
+    for k, v in _table("models.yaml").items():
+        out[k] = build(Model, {**v, "key": k}, f"models.yaml: {k}")
+    return out
+
+
+def _lookup(table: dict, name: str, what: str):
+    key = name.lower()
+    if key in table:
+        return table[key]
+    for item in table.values():
+        if key in getattr(item, "aliases", ()):
+            return item
+    raise UserError(f"unknown {what} {name!r} (known: {', '.join(sorted(table))})")
+
+
+def gpu(name: str) -> GPU:
+    return _lookup(gpus(), name, "GPU")
+
+
+def model(name: str) -> Model:
+    return _lookup(models(), name, "model")
+
+
+def kv_capacity_tokens(g: GPU, m: Model, mem_fraction: float = 0.88, activation_reserve_gib: float = 2.0,
+                       dtype_bytes: int = 2) -> int:
+    """KV tokens that fit: GPU memory · mem_fraction − weights − activation reserve, over KV bytes/token."""
+    free = g.memory_bytes * mem_fraction - m.weight_bytes(dtype_bytes) - activation_reserve_gib * GIB
+    if free <= 0:
+        raise UserError(f"{m.key} does not fit on {g.key} at mem_fraction={mem_fraction}")
+    return int(free // m.kv_bytes_per_token(dtype_bytes))
+
+
+def load_profile_file(path: str | Path) -> dict[str, Any]:
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise UserError("a profile must be a mapping with 'gpu', 'model' and optionally 'coefficients'", str(path))
+    return data

@@ -1,0 +1,1 @@
+"""SGLang adapters for PRISM's policies (the live issue)."""

@@ -1,0 +1,1 @@
+"""Scheduling, eviction and routing policies: engine-agnostic (no SimPy, no SGLang)."""

@@ -1,0 +1,139 @@
+"""What a policy sees of an engine, and what it gives back.
+
+Policies never import the simulator or SGLang. Both engines implement these small protocols, which is what
+lets one policy object run in ``prism-sim`` and inside a real SGLang server:
+
+* a :class:`PrefixIndex` answers "how many leading tokens of this prompt are cached?" without side effects;
+* a :class:`WaitingRequest` is a request as a scheduler sees it (id, arrival, current segment order, tokens);
+* a :class:`NodeView` is a radix-tree node as an eviction policy sees it.
+
+A :class:`Scheduler` returns a :class:`Plan` (an order, plus new segment orders for the requests it
+realigns); an :class:`EvictionPolicy` returns a sort key (smallest is evicted first). Neither owns engine
+state. The two talk through :class:`DemandHints`, which the engine keeps up to date with the active segment
+counts and which a demand-aware scheduler (QAS) fills with its published priorities.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from prism.core import PRIV, REUSE, SYS, Segment
+
+
+@runtime_checkable
+class PrefixIndex(Protocol):
+    def match_len(self, key: bytes) -> int:
+        """Tokens of ``key`` (int32 token bytes) that are cached, as a side-effect-free peek."""
+
+    def match_path(self, key: bytes) -> list[int]:
+        """Ids of the cache nodes the cached part of ``key`` runs through (root excluded), a peek too."""
+
+
+class WaitingRequest(Protocol):
+    id: int
+    arrival: float
+    segments: tuple[Segment, ...]  # the current order (after any realignment)
+    key: bytes  # serialized prompt as int32 bytes
+    prompt_len: int
+
+
+@runtime_checkable
+class NodeView(Protocol):
+    kind: str  # "sys" | "reuse" | "priv": kind of the segment that owns the node's tokens
+    seg_id: str
+    last_access: float
+    hit_count: int
+    depth: int  # prompt offset of the node's end
+
+    @property
+    def locked(self) -> bool: ...
+
+    @property
+    def is_leaf(self) -> bool: ...
+
+
+@dataclass
+class DemandHints:
+    """Demand signals shared by a scheduler and an eviction policy of one engine.
+
+    ``active[r]``: admitted, unfinished requests that contain segment r (kept by the engine).
+    ``priority[r]``: the scheduler's published priority P̂(r) of its last dispatch (empty without QAS).
+    ``version`` increases with every publication so that a policy can cache derived sets.
+    """
+
+    active: Counter = field(default_factory=Counter)
+    priority: dict[str, float] = field(default_factory=dict)
+    version: int = 0
+
+    def publish(self, priority: dict[str, float]) -> None:
+        self.priority = priority
+        self.version += 1
+
+
+@dataclass
+class SchedContext:
+    """One scheduling round's view of the engine."""
+
+    now: float
+    cache: PrefixIndex
+    running: Sequence[WaitingRequest] = ()
+    hints: DemandHints | None = None
+    batch_hint: int = 0  # how many requests the engine can take this round (0: unknown)
+
+
+@dataclass
+class Plan:
+    """A scheduler's answer: the waiting requests in admission order, and new reusable-segment orders."""
+
+    order: list[Any]
+    align: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    cold: frozenset[int] = frozenset()  # ids in a cold (FIFO anti-starvation) lane, for counters
+
+
+class Scheduler:
+    """Orders the waiting queue; subclasses override :meth:`plan`."""
+
+    name = "base"
+
+    def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+        raise NotImplementedError
+
+    def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
+        """Called with the requests the engine actually admitted this round."""
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+def tier_of(node: NodeView) -> str:
+    """The eviction tier a node falls in without protection: private suffix or reusable."""
+    return "private" if node.kind == PRIV else "reusable"
+
+
+class EvictionPolicy:
+    """Gives each evictable node a sort key; the smallest key is evicted first.
+
+    ``needs_anchors``: the cache must split nodes at segment boundaries so that each node belongs to one
+    segment (demand-aware policies need that; plain LRU, like SGLang's, does not).
+    """
+
+    name = "base"
+    needs_anchors = False
+
+    def __init__(self, hints: DemandHints | None = None) -> None:
+        self.hints = hints or DemandHints()
+
+    def begin(self, nodes: Sequence[NodeView]) -> None:
+        """Called once per eviction pass with the resident nodes that may be scored (for set-up)."""
+
+    def key(self, node: NodeView) -> tuple:
+        raise NotImplementedError
+
+    def tier(self, node: NodeView) -> str:
+        return tier_of(node)
+
+
+__all__ = ["PrefixIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan", "Scheduler",
+           "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]

@@ -1,0 +1,42 @@
+"""Classic eviction policies, each a sort key over a node (smallest evicted first), as in SGLang's
+``mem_cache/evict_policy.py``."""
+
+from __future__ import annotations
+
+from prism.core import REUSE, SYS
+
+from prism.policies.base import EvictionPolicy, NodeView
+
+
+class LRU(EvictionPolicy):
+    """Least recently used leaf first: SGLang's default."""
+
+    name = "lru"
+
+    def key(self, node: NodeView) -> tuple:
+        return (node.last_access,)
+
+
+class LFU(EvictionPolicy):
+    """Least often hit first, least recently used among equals."""
+
+    name = "lfu"
+
+    def key(self, node: NodeView) -> tuple:
+        return (node.hit_count, node.last_access)
+
+
+class LRUActive(EvictionPolicy):
+    """LRU, but nodes of segments that running requests contain (a(r) > 0) go after all others."""
+
+    name = "lru_active"
+    needs_anchors = True
+
+    def key(self, node: NodeView) -> tuple:
+        active = node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0
+        return (1 if active else 0, node.last_access)
+
+    def tier(self, node: NodeView) -> str:
+        if node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0:
+            return "protected"
+        return super().tier(node)

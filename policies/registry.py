@@ -1,0 +1,87 @@
+"""Policy names, method presets, and building policy objects from validated knob sections.
+
+A *method* is a (scheduler, eviction) pair; ``--scheduler`` and ``--eviction`` combine them freely. Each
+policy with knobs has a config dataclass, filled from the YAML/``--set`` section of the same name
+(``lpm.fcfs_threshold``, ``qas.q_cold``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from prism.config import build
+from prism.errors import UserError
+
+from prism.policies.base import DemandHints, EvictionPolicy, Scheduler
+from prism.policies.eviction import LFU, LRU, LRUActive
+from prism.policies.fcfs import FCFS
+from prism.policies.lpm import LPM, DFSWeight, LPMConfig
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    factory: Callable[..., Any]
+    config: type | None = None  # knob dataclass; its section name is the policy name
+    section: str | None = None
+
+
+SCHEDULERS: dict[str, PolicyEntry] = {
+    "fcfs": PolicyEntry(lambda cfg, hints: FCFS()),
+    "lpm": PolicyEntry(lambda cfg, hints: LPM(cfg), LPMConfig, "lpm"),
+    "dfs_weight": PolicyEntry(lambda cfg, hints: DFSWeight(cfg), LPMConfig, "lpm"),
+}
+
+EVICTIONS: dict[str, PolicyEntry] = {
+    "lru": PolicyEntry(lambda cfg, hints: LRU(hints)),
+    "lfu": PolicyEntry(lambda cfg, hints: LFU(hints)),
+    "lru_active": PolicyEntry(lambda cfg, hints: LRUActive(hints)),
+}
+
+#: method preset -> (scheduler, eviction)
+METHODS: dict[str, tuple[str, str]] = {
+    "sglang": ("lpm", "lru"),
+    "fcfs": ("fcfs", "lru"),
+    "dfs_weight": ("dfs_weight", "lru"),
+}
+
+
+def knob_sections() -> set[str]:
+    """Names of the YAML / ``--set`` sections that hold policy knobs."""
+    return {e.section for e in (*SCHEDULERS.values(), *EVICTIONS.values()) if e.section}
+
+
+def resolve_method(method: str | None, scheduler: str | None, eviction: str | None) -> tuple[str, str, str]:
+    """(label, scheduler name, eviction name); explicit names override the preset's."""
+    if method is not None and method not in METHODS:
+        raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
+    base_s, base_e = METHODS[method or "sglang"]
+    s, e = scheduler or base_s, eviction or base_e
+    if s not in SCHEDULERS:
+        raise UserError(f"unknown scheduler {s!r} (known: {', '.join(SCHEDULERS)})")
+    if e not in EVICTIONS:
+        raise UserError(f"unknown eviction {e!r} (known: {', '.join(EVICTIONS)})")
+    if method and not scheduler and not eviction:
+        label = method
+    elif (s, e) in [v for v in METHODS.values()] and not method:
+        label = next(k for k, v in METHODS.items() if v == (s, e))
+    else:
+        label = f"{s}+{e}"
+    return label, s, e
+
+
+def _config(entry: PolicyEntry, knobs: dict[str, Any], where: str):
+    if entry.config is None:
+        return None
+    return build(entry.config, knobs.get(entry.section), f"{where}{entry.section}")
+
+
+def make_policies(scheduler: str, eviction: str, knobs: dict[str, Any] | None = None,
+                  where: str = "") -> tuple[Scheduler, EvictionPolicy, DemandHints]:
+    """Build a scheduler and an eviction policy that share one :class:`DemandHints`."""
+    knobs = knobs or {}
+    hints = DemandHints()
+    s_entry, e_entry = SCHEDULERS[scheduler], EVICTIONS[eviction]
+    sched = s_entry.factory(_config(s_entry, knobs, where), hints)
+    evict = e_entry.factory(_config(e_entry, knobs, where), hints)
+    return sched, evict, hints

@@ -1,0 +1,178 @@
+"""Configuration: YAML loading and strict validation of dataclasses.
+
+Every configurable thing (a trace spec, the engine limits, a policy's knobs) is a dataclass whose fields
+carry their constraints in metadata. :func:`build` turns a mapping into such a dataclass and rejects unknown
+keys, wrong types and out-of-range values with a :class:`~prism.errors.UserError` that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+import yaml
+
+from prism.errors import UserError
+
+T = TypeVar("T")
+
+
+def positive(default: Any, doc: str = "") -> Any:
+    return dataclasses.field(default=default, metadata={"gt": 0, "doc": doc})
+
+
+def nonneg(default: Any, doc: str = "") -> Any:
+    return dataclasses.field(default=default, metadata={"ge": 0, "doc": doc})
+
+
+def fraction(default: Any, doc: str = "") -> Any:
+    return dataclasses.field(default=default, metadata={"ge": 0, "le": 1, "doc": doc})
+
+
+def choice(default: str, options: tuple[str, ...], doc: str = "") -> Any:
+    return dataclasses.field(default=default, metadata={"choices": options, "doc": doc})
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; syntax errors become one line with the file and line number."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UserError("no such file", str(p)) from None
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror}", str(p)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise UserError(f"invalid YAML: {e.problem}", line) from None
+    except yaml.YAMLError as e:
+        raise UserError(f"invalid YAML: {e}", str(p)) from None
+
+
+def _type_ok(value: Any, hint: Any) -> tuple[bool, Any]:
+    """Check ``value`` against a simple type hint; ints are accepted where floats are expected."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            ok, v = _type_ok(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if hint is Any:
+        return True, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        args = typing.get_args(hint)
+        inner = args[0] if args else Any
+        out = []
+        for item in value:
+            ok, v = _type_ok(item, inner)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, tuple(out) if origin is tuple else out
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), value
+    return True, value
+
+
+def _type_name(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint) if a is not type(None))
+    if origin in (tuple, list):
+        return "a list"
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
+    """Build dataclass ``cls`` from ``data``, validating every field; errors name ``where`` and the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise UserError(f"expected a mapping of settings, got {type(data).__name__}", where)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise UserError(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})", where)
+    kwargs = {}
+    for name, value in data.items():
+        f = fields[name]
+        ok, value = _type_ok(value, hints[name])
+        if not ok:
+            raise UserError(f"field {name!r}: must be {_type_name(hints[name])}, got {data[name]!r}", where)
+        meta = f.metadata
+        if value is not None and isinstance(value, (int, float)):
+            if "gt" in meta and not value > meta["gt"]:
+                raise UserError(f"field {name!r}: must be > {meta['gt']}, got {value!r}", where)
+            if "ge" in meta and not value >= meta["ge"]:
+                raise UserError(f"field {name!r}: must be >= {meta['ge']}, got {value!r}", where)
+            if "le" in meta and not value <= meta["le"]:
+                raise UserError(f"field {name!r}: must be <= {meta['le']}, got {value!r}", where)
+        if "choices" in meta and value not in meta["choices"]:
+            raise UserError(f"field {name!r}: must be one of {', '.join(meta['choices'])}, got {value!r}", where)
+        kwargs[name] = value
+    try:
+        obj = cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise UserError(str(e), where) from None
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` (value parsed as YAML) → (["section", "key"], value)."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected KEY=VALUE, e.g. engine.max_total_tokens=65536")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise UserError(f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``--set a.b=v`` overrides to a nested dict (in place) and return it."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise UserError(f"--set {text!r}: {part!r} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def describe(cls: type) -> list[tuple[str, Any, str]]:
+    """(name, default, doc) for each field: used by ``--help`` texts and the README."""
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        out.append((f.name, default, f.metadata.get("doc", "")))
+    return out

@@ -1,0 +1,195 @@
+"""The shared vocabulary: segments, requests and their serialized prompts.
+
+A prompt is a sequence of *segments*: one system prompt (``sys``), m reusable pieces (``reuse``: retrieved
+passages, policies, tool schemas, Mooncake blocks) and one private suffix (``priv``). KV reuse in a radix
+cache needs exact token-prefix equality, so every segment has a fixed token array. Two rules make the radix
+tree share exactly what is meant to be shared:
+
+* the same segment id always yields the same tokens (a truncated segment is a prefix of the full one);
+* two different segments never share their first token.
+
+The tokens themselves carry no meaning in the simulator; :class:`SegmentTable` gives every new id the next
+free *first token* and fills the rest with a counter-based hash of the id, so a trace file only has to store
+ids, lengths and first tokens (or explicit tokens, when a real tokenizer produced them).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+SYS, REUSE, PRIV = "sys", "reuse", "priv"
+KINDS = (SYS, REUSE, PRIV)
+
+#: First tokens are handed out from here upwards, one per segment id; the bulk of a segment's tokens lie
+#: in ``[BULK_LOW, vocab_size)``. Keeping the ranges apart guarantees distinct first tokens.
+FIRST_TOKEN_BASE = 1
+BULK_LOW = 1 << 20
+BULK_HIGH = 1 << 30
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash that, unlike ``hash()``, is the same in every process and run."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: int = BULK_HIGH) -> np.ndarray:
+    """``count`` deterministic pseudo-random tokens (splitmix64 of ``seed`` and the position)."""
+    with np.errstate(over="ignore"):
+        x = np.uint64(seed) + (np.arange(start, start + count, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        x = x ^ (x >> np.uint64(31))
+    return (low + (x % np.uint64(high - low))).astype(np.int32)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segment:
+    """One piece of a prompt. ``tokens`` is fixed for the id; equality is by (kind, id, length)."""
+
+    kind: str
+    id: str
+    tokens: np.ndarray = field(repr=False)
+    length: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "length", len(self.tokens))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Segment) and (self.kind, self.id, self.length) == (
+            other.kind, other.id, other.length)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.id, self.length))
+
+
+class SegmentTable:
+    """Hands out segment token arrays: a unique first token per id, hashed tokens after it."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, int] = {}
+        self._kind: dict[str, str] = {}
+        self._explicit: dict[str, np.ndarray] = {}
+        self._cache: dict[tuple[str, int], Segment] = {}
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def __contains__(self, seg_id: str) -> bool:
+        return seg_id in self._first
+
+    def declare(self, seg_id: str, kind: str, first_token: int | None = None,
+                tokens: Sequence[int] | None = None) -> None:
+        """Register ``seg_id``; a fresh id gets the next free first token unless one is given."""
+        if kind not in KINDS:
+            raise ValueError(f"segment {seg_id!r}: kind must be one of {KINDS}, got {kind!r}")
+        if seg_id in self._first:
+            if self._kind[seg_id] != kind:
+                raise ValueError(f"segment {seg_id!r} declared as {self._kind[seg_id]!r} and {kind!r}")
+            return
+        if tokens is not None:
+            arr = np.asarray(tokens, dtype=np.int32)
+            first = int(arr[0]) if len(arr) else FIRST_TOKEN_BASE + len(self._first)
+            self._explicit[seg_id] = arr
+        else:
+            first = FIRST_TOKEN_BASE + len(self._first) if first_token is None else int(first_token)
+        self._first[seg_id] = first
+        self._kind[seg_id] = kind
+
+    def segment(self, seg_id: str, kind: str, length: int) -> Segment:
+        """The segment ``seg_id`` cut to ``length`` tokens (declared on first use)."""
+        key = (seg_id, length)
+        seg = self._cache.get(key)
+        if seg is not None:
+            return seg
+        self.declare(seg_id, kind)
+        if seg_id in self._explicit:
+            full = self._explicit[seg_id]
+            if length > len(full):
+                raise ValueError(f"segment {seg_id!r} has {len(full)} tokens, {length} asked")
+            tokens = full[:length]
+        else:
+            tokens = np.empty(length, dtype=np.int32)
+            if length:
+                tokens[0] = self._first[seg_id]
+                tokens[1:] = hashed_tokens(stable_hash(seg_id), 1, length - 1)
+        tokens.flags.writeable = False
+        seg = Segment(self._kind[seg_id], seg_id, tokens)
+        self._cache[key] = seg
+        return seg
+
+    def first_token(self, seg_id: str) -> int:
+        return self._first[seg_id]
+
+    def kind(self, seg_id: str) -> str:
+        return self._kind[seg_id]
+
+    def explicit_tokens(self, seg_id: str) -> np.ndarray | None:
+        return self._explicit.get(seg_id)
+
+    def ids(self) -> list[str]:
+        return list(self._first)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request of a trace: what the client sends, never changed by a run.
+
+    ``segments`` is the trace's own order: one ``sys`` first, reusable segments, one ``priv`` last
+    (agent traces may carry several reusable segments of history; the rule is only that the private suffix
+    ends the prompt). ``session`` groups the turns of an agent conversation.
+    """
+
+    id: int
+    arrival: float
+    segments: tuple[Segment, ...]
+    output_len: int
+    session: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return sum(s.length for s in self.segments)
+
+    @property
+    def skeleton(self) -> tuple[str, ...]:
+        """The ordered ids of the reusable segments."""
+        return tuple(s.id for s in self.segments if s.kind == REUSE)
+
+    def tokens(self) -> np.ndarray:
+        return serialize(self.segments)
+
+
+def serialize(segments: Iterable[Segment]) -> np.ndarray:
+    """The prompt's token ids: segment tokens concatenated in the given order."""
+    parts = [s.tokens for s in segments]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+
+
+_OUTPUT_SEED = stable_hash("output")
+
+
+@functools.lru_cache(maxsize=64)
+def output_token_bytes(count: int) -> bytes:
+    """Stand-ins for the tokens a request generates, as int32 bytes.
+
+    They follow the request's private suffix, so their radix path is private whatever their values; one
+    shared stream (cut to ``count``) keeps the simulator from hashing per request.
+    """
+    return hashed_tokens(_OUTPUT_SEED, 0, count).tobytes()
+
+
+def layout(segments: Sequence[Segment]) -> tuple[tuple[int, str, str], ...]:
+    """``(end offset, kind, id)`` of each segment in prompt order: where DART places its anchors."""
+    out, end = [], 0
+    for s in segments:
+        end += s.length
+        out.append((end, s.kind, s.id))
+    return tuple(out)

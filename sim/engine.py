@@ -1,0 +1,306 @@
+"""One SGLang-like serving instance as a SimPy process.
+
+The story of one iteration, as in SGLang's scheduler loop (prefill has priority over decode):
+
+1. If requests wait (or a chunked prefill is under way), the scheduling policy orders the waiting queue and
+   the engine admits in that order while the chunked-prefill budget, ``max_prefill_tokens``,
+   ``max_running_requests`` and KV space allow. KV space counts evictable cache and reserves every admitted
+   request's remaining prompt chunks and decode tokens, so a running request is never preempted. A prompt
+   longer than the remaining chunk budget is cut; its next chunk goes first in the next prefill batch.
+2. Otherwise, if requests are running, one decode step generates one token for each of them.
+3. Otherwise the engine sleeps until a request arrives.
+
+Each iteration lasts what the calibrated cost model says. The prompt (or its processed part) is inserted
+into the radix cache after each prefill chunk and stays locked while the request runs; the full sequence
+(prompt and generated tokens) is inserted when the request finishes, and then unlocked.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import simpy
+
+from prism.calibration.cost_model import CostModel
+from prism.config import nonneg, positive
+from prism.core import PRIV, Request, Segment, layout, output_token_bytes, serialize
+from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
+
+from prism.sim.radix_cache import TOKEN_BYTES, RadixCache
+
+
+@dataclass
+class EngineConfig:
+    """Engine limits, named after SGLang's server arguments."""
+
+    max_total_tokens: int | None = positive(
+        32768, "KV cache capacity in tokens (null: the profile's GPU memory after weights)")
+    page_size: int = positive(1, "tokens per KV page")
+    chunked_prefill_size: int = positive(8192, "new tokens per prefill iteration (chunked prefill budget)")
+    max_prefill_tokens: int = positive(16384, "new tokens a prefill batch may admit")
+    max_running_requests: int = positive(256, "requests decoding at once")
+    max_concurrency: int | None = positive(None, "client: requests in flight at once (null: unlimited)")
+    warmup_requests: int = nonneg(0, "requests excluded from the summary's statistics (at the start)")
+
+
+class Seq:
+    """A request inside the engine: the trace request plus its current prompt order and timestamps."""
+
+    __slots__ = ("req", "id", "arrival", "output_len", "segments", "key", "layout", "prompt_len", "sent",
+                 "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
+                 "finish_step", "lane", "realigned")
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.id = req.id
+        self.arrival = req.arrival
+        self.output_len = req.output_len
+        self.set_segments(req.segments)
+        self.sent = self.prefill_start = self.prefill_end = self.first_token = self.finish = -1.0
+        self.hit = 0
+        self.done = 0  # prompt tokens whose KV exists (cached or computed)
+        self.node = None
+        self.finish_step = 0
+        self.lane = ""
+        self.realigned = False
+
+    def set_segments(self, segments: tuple[Segment, ...]) -> None:
+        self.segments = segments
+        self.key = serialize(segments).tobytes()
+        self.layout = layout(segments)
+        self.prompt_len = len(self.key) // TOKEN_BYTES
+
+    def realign(self, skeleton: tuple[str, ...]) -> bool:
+        """Put the reusable segments in ``skeleton`` order (same multiset); True if the order changed."""
+        reuse = {s.id: s for s in self.segments if s.kind not in ("sys", PRIV)}
+        if tuple(reuse) == tuple(skeleton):
+            return False
+        if sorted(reuse) != sorted(skeleton):
+            raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
+        head = [s for s in self.segments if s.kind == "sys"]
+        tail = [s for s in self.segments if s.kind == PRIV]
+        self.set_segments(tuple(head + [reuse[i] for i in skeleton] + tail))
+        self.realigned = True
+        return True
+
+    def reuse_ids(self):
+        return (s.id for s in self.segments if s.kind != PRIV)
+
+    def __lt__(self, other: "Seq") -> bool:  # heap tie-break
+        return self.id < other.id
+
+
+class Engine:
+    """One instance: a clock (the SimPy environment), a waiting queue, a running batch and a radix cache."""
+
+    def __init__(self, env: simpy.Environment, config: EngineConfig, cost: CostModel, scheduler: Scheduler,
+                 eviction: EvictionPolicy, capacity: int | None, hints: DemandHints | None = None,
+                 on_finish: Callable[[Seq], None] | None = None) -> None:
+        self.env = env
+        self.cfg = config
+        self.cost = cost
+        self.scheduler = scheduler
+        self.eviction = eviction
+        self.hints = hints if hints is not None else eviction.hints
+        self.capacity = capacity
+        self.cache = RadixCache(capacity, config.page_size, anchors=eviction.needs_anchors)
+        self.on_finish = on_finish
+        self.waiting: list[Seq] = []
+        self.active: dict[int, Seq] = {}  # admitted, not finished
+        self.decoding: list[tuple[int, Seq]] = []  # heap by finish step
+        self.chunked: Seq | None = None
+        self.decode_alloc = 0  # KV tokens of generated tokens, not yet in the tree
+        self.inflight = 0  # KV tokens of prefill chunks being computed, not yet in the tree
+        self.reserved = 0  # KV tokens promised to admitted requests, not yet allocated
+        self.step = 0  # decode steps so far
+        self.sum_ctx = 0  # Σ context tokens of the decoding requests
+        self.counters: Counter = Counter()
+        # SGLang's ``batch_is_full``: set when admission stops for lack of KV space or running slots, so
+        # the queue is not re-planned every decode step; cleared when a request finishes.
+        self.full = False
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._loop())
+
+    # ------------------------------------------------------------------ arrivals
+    def submit(self, seq: Seq) -> None:
+        seq.sent = self.env.now
+        self.waiting.append(seq)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self):
+        env, cost = self.env, self.cost
+        while True:
+            batch = self._form_prefill_batch() if ((self.waiting and not self.full) or self.chunked) else None
+            if batch:
+                start = env.now
+                for seq, _, _ in batch:
+                    if seq.prefill_start < 0:
+                        seq.prefill_start = start
+                yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]))
+                self.counters["prefill_iterations"] += 1
+                self._end_prefill(batch)
+            elif self.decoding:
+                n = len(self.decoding)
+                self._allocate(n)
+                self.decode_alloc += n
+                self.reserved -= n
+                yield env.timeout(cost.decode_time(n, self.sum_ctx))
+                self.counters["decode_iterations"] += 1
+                self.step += 1
+                self.sum_ctx += n
+                while self.decoding and self.decoding[0][0] <= self.step:
+                    self._finish(heapq.heappop(self.decoding)[1])
+            else:
+                if self.waiting:
+                    raise RuntimeError("engine stalled: a waiting request can never be admitted")
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+
+    # ------------------------------------------------------------------ KV space
+    def _free(self) -> float:
+        if self.capacity is None:
+            return float("inf")
+        return self.capacity - self.cache.size - self.decode_alloc - self.inflight
+
+    def _available(self) -> float:
+        """Tokens a new admission may claim: free + evictable − promised."""
+        return self._free() + self.cache.evictable_size - self.reserved
+
+    def _allocate(self, n: int) -> None:
+        short = n - self._free()
+        if short > 0:
+            self.cache.evict(short, self.eviction.key, self._count_eviction)
+            if self._free() < n:
+                raise RuntimeError("KV accounting error: eviction could not make room")
+
+    def _count_eviction(self, node) -> None:
+        self.counters[f"evicted_tokens_{self.eviction.tier(node)}"] += node.length
+        self.counters["evicted_nodes"] += 1
+
+    # ------------------------------------------------------------------ prefill
+    def _form_prefill_batch(self) -> list[tuple[Seq, int, int]]:
+        cfg, now, page = self.cfg, self.env.now, self.cfg.page_size
+        batch: list[tuple[Seq, int, int]] = []
+        rem_chunk, rem_input = cfg.chunked_prefill_size, cfg.max_prefill_tokens
+        if self.chunked is not None:
+            seq = self.chunked
+            left = seq.prompt_len - seq.done
+            take = left if left <= rem_chunk else rem_chunk - rem_chunk % page
+            self._take(seq, take)
+            batch.append((seq, take, seq.done))
+            rem_chunk -= take
+            rem_input -= take
+            if take < left:
+                return batch
+            self.chunked = None
+        if not self.waiting or self.full:
+            return batch
+        if len(self.active) >= cfg.max_running_requests:
+            self.full = True
+            return batch
+        ctx = SchedContext(now, self.cache, tuple(self.active.values()), self.hints,
+                           batch_hint=cfg.max_running_requests - len(self.active))
+        plan = self.scheduler.plan(self.waiting, ctx)
+        admitted: list[Seq] = []
+        for seq in plan.order:
+            if len(self.active) >= cfg.max_running_requests:
+                self.full = True
+                break
+            if rem_chunk <= 0 or rem_input <= 0:
+                break
+            # a plan's realignment matters once the request reaches the cache, so it is applied here
+            if seq.id in plan.align and seq.realign(plan.align[seq.id]):
+                self.counters["realigned_requests"] += 1
+            hit, node = self.cache.match(seq.key[:-TOKEN_BYTES], now, seq.layout)
+            new = seq.prompt_len - hit
+            self.cache.lock(node)
+            need = new + seq.output_len - 1
+            if self.capacity is not None and need > self._available():
+                self.cache.unlock(node)
+                self.full = True
+                break
+            if new > rem_input and batch:
+                self.cache.unlock(node)
+                break
+            take = new if new <= rem_chunk else rem_chunk - rem_chunk % page
+            if take <= 0:
+                self.cache.unlock(node)
+                break
+            seq.hit = seq.done = hit
+            seq.node = node
+            seq.lane = "cold" if seq.id in plan.cold else "hot"
+            self.reserved += need
+            self._take(seq, take)
+            batch.append((seq, take, hit))
+            admitted.append(seq)
+            self.active[seq.id] = seq
+            for r in seq.reuse_ids():
+                self.hints.active[r] += 1
+            rem_chunk -= take
+            rem_input -= take
+            if take < new:
+                self.chunked = seq
+                break
+        if admitted:  # admission follows the plan's order and stops at the first refusal
+            self.waiting = list(plan.order[len(admitted):])
+            self.counters["admitted_hot_lane"] += sum(1 for s in admitted if s.lane == "hot")
+            self.counters["admitted_cold_lane"] += sum(1 for s in admitted if s.lane == "cold")
+            self.scheduler.on_dispatch(admitted, ctx)
+        else:
+            self.waiting = list(plan.order)
+        return batch
+
+    def _take(self, seq: Seq, take: int) -> None:
+        """Allocate KV for the next ``take`` prompt tokens of ``seq`` (already reserved)."""
+        self._allocate(take)
+        self.inflight += take
+        self.reserved -= take
+
+    def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> None:
+        now = self.env.now
+        for seq, take, _ in batch:
+            seq.done += take
+            self.inflight -= take
+            _, node = self.cache.insert(seq.key[:seq.done * TOKEN_BYTES], now, seq.layout)
+            self.cache.lock(node)
+            self.cache.unlock(seq.node)
+            seq.node = node
+            if seq.done < seq.prompt_len:
+                continue
+            seq.prefill_end = now
+            seq.first_token = now + self.cost.first_token_s
+            if seq.output_len == 1:
+                self._finish(seq)
+            else:
+                seq.finish_step = self.step + seq.output_len - 1
+                self.sum_ctx += seq.prompt_len + 1
+                heapq.heappush(self.decoding, (seq.finish_step, seq))
+
+    # ------------------------------------------------------------------ finish
+    def _finish(self, seq: Seq) -> None:
+        now = self.env.now
+        generated = seq.output_len - 1  # the last token's KV is never computed
+        if generated:
+            full = seq.key + output_token_bytes(generated)
+            self.cache.insert(full, now, seq.layout)
+            self.decode_alloc -= generated
+            self.sum_ctx -= seq.prompt_len + seq.output_len
+        self.cache.unlock(seq.node)
+        seq.node = None
+        self.full = False
+        seq.finish = max(now, seq.first_token)
+        del self.active[seq.id]
+        for r in seq.reuse_ids():
+            c = self.hints.active[r] - 1
+            if c:
+                self.hints.active[r] = c
+            else:
+                del self.hints.active[r]
+        if self.on_finish is not None:
+            self.on_finish(seq)

@@ -1,0 +1,102 @@
+"""Per-request records and the run summary (TTFT percentiles, hit rate, throughput)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    id: int
+    arrival: float
+    sent: float  # handed to the engine (after any client-side concurrency wait)
+    prefill_start: float  # admission
+    prefill_end: float
+    first_token: float
+    finish: float
+    prompt_tokens: int
+    hit_tokens: int
+    output_tokens: int
+    lane: str
+    realigned: bool
+
+    @property
+    def w_admit(self) -> float:
+        return self.prefill_start - self.arrival
+
+    @property
+    def t_prefill(self) -> float:
+        return self.prefill_end - self.prefill_start
+
+    @property
+    def t_1tok(self) -> float:
+        return self.first_token - self.prefill_end
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+
+CSV_COLUMNS = [f.name for f in fields(RequestRecord)] + ["w_admit", "t_prefill", "t_1tok", "ttft"]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(round(v, 9))
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def write_requests_csv(records: Iterable[RequestRecord], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in sorted(records, key=lambda r: r.id):
+            row = [getattr(r, c) for c in CSV_COLUMNS]
+            w.writerow([_fmt(v) for v in row])
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    if not len(a):
+        return {k: float("nan") for k in ("mean", "p50", "p90", "p95", "p99", "max")}
+    p = np.percentile(a, [50, 90, 95, 99])
+    return {"mean": float(a.mean()), "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]),
+            "p99": float(p[3]), "max": float(a.max())}
+
+
+def summarize(records: Sequence[RequestRecord], warmup: int = 0) -> dict[str, Any]:
+    """Latency statistics over the records after the first ``warmup`` arrivals; throughput over all."""
+    ordered = sorted(records, key=lambda r: (r.arrival, r.id))
+    measured = ordered[warmup:] if warmup < len(ordered) else ordered
+    prompt = sum(r.prompt_tokens for r in measured)
+    hit = sum(r.hit_tokens for r in measured)
+    span = max(r.finish for r in ordered) - min(r.arrival for r in ordered) if ordered else 0.0
+    return {
+        "num_requests": len(records),
+        "measured_requests": len(measured),
+        "ttft_s": percentiles([r.ttft for r in measured]),
+        "w_admit_s": percentiles([r.w_admit for r in measured]),
+        "t_prefill_s": percentiles([r.t_prefill for r in measured]),
+        "e2e_s": percentiles([r.finish - r.arrival for r in measured]),
+        "hit_rate": hit / prompt if prompt else 0.0,
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "throughput_rps": len(ordered) / span if span > 0 else 0.0,
+        "makespan_s": span,
+    }
+
+
+def write_json(obj: Any, path: Path) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def record_dict(r: RequestRecord) -> dict[str, Any]:
+    return asdict(r)

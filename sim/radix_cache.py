@@ -1,0 +1,307 @@
+"""A token radix tree KV cache with a capacity, page size, lock references and pluggable eviction.
+
+It follows SGLang's ``RadixCache``: one node per edge of the tree, children keyed by their first page,
+``lock_ref`` counts in-use requests on the path (a locked node is never evicted), and eviction pops unlocked
+leaves by a policy's sort key until enough tokens are freed. Keys are prompts as int32 token *bytes*, so
+edge comparison is a memcmp; only a mismatch asks numpy for the exact position.
+
+Nodes carry the owner segment of their tokens (``kind``, ``seg_id``), from the prompt layout given at
+insertion. With ``anchors=True`` every segment boundary becomes a node boundary (DART's anchors), so each
+node belongs to exactly one segment.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from prism.core import PRIV
+
+TOKEN_BYTES = 4
+Layout = Sequence[tuple[int, str, str]]  # (segment end offset, kind, segment id)
+
+
+class Node:
+    __slots__ = ("id", "parent", "children", "key", "length", "depth", "lock_ref", "last_access",
+                 "hit_count", "kind", "seg_id")
+
+    def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
+                 kind: str = PRIV, seg_id: str = "") -> None:
+        self.id = node_id
+        self.parent = parent
+        self.children: dict[bytes, Node] = {}
+        self.key = key
+        self.length = len(key) // TOKEN_BYTES
+        self.depth = depth  # tokens from the root to the end of this node
+        self.lock_ref = 0
+        self.last_access = now
+        self.hit_count = 0
+        self.kind = kind
+        self.seg_id = seg_id
+
+    @property
+    def locked(self) -> bool:
+        return self.lock_ref > 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
+
+
+class RadixCache:
+    """Radix KV cache in token units. ``capacity=None`` means unbounded (the infinite-cache reference)."""
+
+    def __init__(self, capacity: int | None = None, page_size: int = 1, anchors: bool = False) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        self.capacity = capacity
+        self.page_size = page_size
+        self.anchors = anchors
+        self._pb = page_size * TOKEN_BYTES
+        self._next_id = 1
+        self.root = Node(0, None, b"", 0, 0.0, kind="sys", seg_id="")
+        self.root.lock_ref = 1
+        self.size = 0  # resident tokens
+        self.evictable_size = 0  # resident tokens in unlocked nodes
+        self._leaves: set[Node] = set()
+
+    # ---------------------------------------------------------------- lookups
+    def _lcp(self, a: bytes, b: bytes) -> int:
+        """Common prefix of two token byte strings, in tokens, floored to the page size."""
+        n = min(len(a), len(b)) // TOKEN_BYTES
+        x = np.frombuffer(a, dtype=np.int32, count=n)
+        y = np.frombuffer(b, dtype=np.int32, count=n)
+        diff = np.flatnonzero(x != y)
+        m = int(diff[0]) if len(diff) else n
+        return m - m % self.page_size
+
+    def match_len(self, key: bytes) -> int:
+        """Cached tokens of ``key``: a peek that changes nothing (for schedulers)."""
+        node, pos, n, pb = self.root, 0, len(key), self._pb
+        while pos < n:
+            child = node.children.get(key[pos:pos + pb])
+            if child is None:
+                break
+            ck = child.key
+            if key.startswith(ck, pos):
+                pos += len(ck)
+                node = child
+                continue
+            return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
+        return pos // TOKEN_BYTES
+
+    def match_path(self, key: bytes) -> list[int]:
+        """Ids of the nodes the cached part of ``key`` runs through (a partly matched node included)."""
+        node, pos, n, pb, path = self.root, 0, len(key), self._pb, []
+        while pos < n:
+            child = node.children.get(key[pos:pos + pb])
+            if child is None:
+                break
+            path.append(child.id)
+            if not key.startswith(child.key, pos):
+                break
+            pos += len(child.key)
+            node = child
+        return path
+
+    def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
+        """Match for admission: split a partly matched node, refresh access times and hit counts.
+
+        Returns the matched length and the last matched node (lock it while the request runs).
+        """
+        node, pos, n, pb = self.root, 0, len(key), self._pb
+        while pos < n:
+            child = node.children.get(key[pos:pos + pb])
+            if child is None:
+                break
+            ck = child.key
+            if not key.startswith(ck, pos):
+                m = self._lcp(ck, key[pos:pos + len(ck)])
+                child = self._split(child, m, layout)
+                ck = child.key
+            child.last_access = now
+            child.hit_count += 1
+            pos += len(ck)
+            node = child
+        return pos // TOKEN_BYTES, node
+
+    # ---------------------------------------------------------------- insertion
+    def insert(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
+        """Insert ``key`` (cut to whole pages); return (tokens newly added, last node of the key)."""
+        pb = self._pb
+        n = len(key) - len(key) % pb
+        key = key[:n]
+        node, pos, added = self.root, 0, 0
+        while pos < n:
+            first = key[pos:pos + pb]
+            child = node.children.get(first)
+            if child is None:
+                child = self._new_node(node, key[pos:n], layout)
+                added += child.length
+                pos = n
+                node = child
+                break
+            ck = child.key
+            if not key.startswith(ck, pos):
+                m = self._lcp(ck, key[pos:pos + len(ck)])
+                child = self._split(child, m, layout)
+                ck = child.key
+            child.last_access = now
+            pos += len(ck)
+            node = child
+        node.last_access = now
+        if self.anchors and layout:
+            node = self._anchor(key, layout, now)
+        return added, node
+
+    def _new_node(self, parent: Node, key: bytes, layout: Layout | None) -> Node:
+        depth = parent.depth + len(key) // TOKEN_BYTES
+        kind, seg = _owner(layout, depth) if layout else (PRIV, "")
+        node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
+        self._next_id += 1
+        if not parent.children and parent is not self.root:
+            self._leaves.discard(parent)
+        parent.children[key[:self._pb]] = node
+        self._leaves.add(node)
+        self.size += node.length
+        self.evictable_size += node.length
+        return node
+
+    def _split(self, child: Node, m: int, layout: Layout | None) -> Node:
+        """Split ``child`` after ``m`` tokens; return the new upper node (which keeps the lock count)."""
+        cut = m * TOKEN_BYTES
+        parent = child.parent
+        depth = child.depth - child.length + m
+        kind, seg = _owner(layout, depth) if layout else (child.kind, child.seg_id)
+        upper = Node(self._next_id, parent, child.key[:cut], depth, child.last_access, kind, seg)
+        self._next_id += 1
+        upper.lock_ref = child.lock_ref
+        upper.hit_count = child.hit_count
+        parent.children[child.key[:self._pb]] = upper
+        child.key = child.key[cut:]
+        child.length -= m
+        child.parent = upper
+        upper.children[child.key[:self._pb]] = child
+        return upper
+
+    def _anchor(self, key: bytes, layout: Layout, now: float) -> Node:
+        """Make every (page-aligned) segment boundary along ``key`` a node boundary; set node owners."""
+        total = len(key) // TOKEN_BYTES
+        page = self.page_size
+        cuts = sorted({e - e % page for e, _, _ in layout if 0 < e - e % page < total})
+        node, depth, i = self.root, 0, 0
+        while depth < total:
+            child = node.children[key[depth * TOKEN_BYTES:depth * TOKEN_BYTES + self._pb]]
+            end = depth + child.length
+            while i < len(cuts) and cuts[i] <= depth:
+                i += 1
+            if i < len(cuts) and cuts[i] < end:
+                child = self._split(child, cuts[i] - depth, layout)
+                end = cuts[i]
+            child.kind, child.seg_id = _owner(layout, end)
+            node, depth = child, end
+        return node
+
+    # ---------------------------------------------------------------- locks
+    def lock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= node.length
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self.evictable_size += node.length
+            node.lock_ref -= 1
+            assert node.lock_ref >= 0, "unlock without lock"
+            node = node.parent
+
+    # ---------------------------------------------------------------- eviction
+    def evictable_leaves(self) -> list[Node]:
+        return [n for n in self._leaves if n.lock_ref == 0]
+
+    def evict(self, num_tokens: int, key: Callable[[Node], tuple],
+              on_evict: Callable[[Node], None] | None = None) -> int:
+        """Evict unlocked leaves, smallest ``key`` first (ties: oldest node), until ``num_tokens`` are freed."""
+        if num_tokens <= 0:
+            return 0
+        heap = [(key(n), n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        root = self.root
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if on_evict is not None:
+                on_evict(node)
+            parent = node.parent
+            self._delete_leaf(node)
+            freed += node.length
+            if parent is not root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (key(parent), parent.id, parent))
+        return freed
+
+    def _delete_leaf(self, node: Node) -> None:
+        parent = node.parent
+        del parent.children[node.key[:self._pb]]
+        self._leaves.discard(node)
+        self.size -= node.length
+        self.evictable_size -= node.length
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
+
+    # ---------------------------------------------------------------- inspection
+    def nodes(self) -> Iterator[Node]:
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def sequences(self) -> list[np.ndarray]:
+        """The token sequence of every root-to-leaf path (what is resident)."""
+        out = []
+        for leaf in self._leaves:
+            parts, n = [], leaf
+            while n is not self.root:
+                parts.append(n.key)
+                n = n.parent
+            out.append(np.frombuffer(b"".join(reversed(parts)), dtype=np.int32))
+        return out
+
+    def check(self) -> None:
+        """Verify the bookkeeping (used by tests)."""
+        size = evictable = 0
+        leaves = set()
+        for n in self.nodes():
+            size += n.length
+            evictable += n.length if n.lock_ref == 0 else 0
+            if not n.children:
+                leaves.add(n)
+            assert n.length > 0 and n.length % self.page_size == 0, n
+            assert n.depth == n.parent.depth + n.length, n
+            for k, c in n.children.items():
+                assert c.parent is n and c.key[:self._pb] == k
+            if n.parent is not self.root:
+                assert n.parent.lock_ref >= n.lock_ref, "a parent is locked at least as often as its child"
+        assert size == self.size, (size, self.size)
+        assert evictable == self.evictable_size, (evictable, self.evictable_size)
+        assert leaves == self._leaves
+        if self.capacity is not None:
+            assert self.size <= self.capacity
+
+
+def _owner(layout: Layout, end: int) -> tuple[str, str]:
+    """Kind and id of the segment holding the token just before offset ``end`` (past the end: the last)."""
+    i = bisect.bisect_left(layout, (end,))
+    if i >= len(layout):
+        i = len(layout) - 1
+    _, kind, seg = layout[i]
+    return kind, seg

@@ -1,0 +1,91 @@
+"""Arrival processes: Poisson, a bursty Gamma renewal process, and real Azure 2023 timestamps.
+
+Each draws from its own random stream, so that changing the rate never changes the prompts.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism.config import choice, positive
+from prism.errors import UserError
+
+PROCESSES = ("poisson", "gamma", "azure_code", "azure_conv")
+
+
+@dataclass
+class ArrivalSpec:
+    process: str = choice("poisson", PROCESSES, "inter-arrival process")
+    qps: float = positive(60.0, "target mean arrival rate, requests/s")
+    cv: float = positive(1.0, "gamma: coefficient of variation of inter-arrival gaps (1 = Poisson)")
+    azure_path: str | None = None  # folder of AzureLLMInferenceTrace_{code,conv}.csv; default ../shared/data
+
+
+def default_data_dir() -> Path:
+    """``$PRISM_DATA_DIR``, else ``../shared/data`` beside the working directory or the project checkout."""
+    import os
+
+    if os.environ.get("PRISM_DATA_DIR"):
+        return Path(os.environ["PRISM_DATA_DIR"])
+    here = Path(__file__).resolve().parent.parent
+    for base in (Path.cwd(), here):
+        cand = base.parent / "shared" / "data"
+        if cand.is_dir():
+            return cand
+    return here.parent / "shared" / "data"
+
+
+def arrival_times(spec: ArrivalSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` non-decreasing arrival times in seconds, starting near 0, at mean rate ``spec.qps``."""
+    if spec.process == "poisson":
+        gaps = rng.exponential(1.0 / spec.qps, n)
+    elif spec.process == "gamma":
+        shape = 1.0 / spec.cv**2
+        gaps = rng.gamma(shape, 1.0 / (spec.qps * shape), n)
+    else:
+        return azure_times(spec, n)
+    return np.cumsum(gaps)
+
+
+def azure_times(spec: ArrivalSpec, n: int) -> np.ndarray:
+    """The first ``n`` arrivals of an Azure 2023 trace, rescaled so that their mean rate is ``spec.qps``."""
+    which = spec.process.split("_", 1)[1]
+    folder = Path(spec.azure_path) if spec.azure_path else default_data_dir() / "azure_llm"
+    path = folder / f"AzureLLMInferenceTrace_{which}.csv"
+    stamps = load_azure_timestamps(path, n)
+    if len(stamps) < 2:
+        raise UserError(f"needs at least 2 arrivals, found {len(stamps)}", str(path))
+    t = stamps - stamps[0]
+    span = t[-1]
+    if span <= 0:
+        raise UserError("all timestamps are equal", str(path))
+    # n arrivals at rate qps span (n - 1) / qps seconds
+    return t * ((len(t) - 1) / spec.qps / span)
+
+
+def load_azure_timestamps(path: Path, limit: int | None = None) -> np.ndarray:
+    from datetime import datetime
+
+    if not path.is_file():
+        raise UserError("Azure trace not found (pass arrival.azure_path)", str(path))
+    out = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or "TIMESTAMP" not in reader.fieldnames:
+            raise UserError("missing column TIMESTAMP", str(path))
+        for i, row in enumerate(reader, start=2):
+            raw = row["TIMESTAMP"].strip()
+            try:
+                # e.g. 2023-11-16 18:15:46.6805900 (7 fractional digits: cut to microseconds)
+                head, _, frac = raw.partition(".")
+                ts = datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0)
+            except ValueError:
+                raise UserError(f"bad TIMESTAMP {raw!r}", f"{path}:{i}") from None
+            out.append(ts)
+            if limit is not None and len(out) >= limit:
+                break
+    return np.sort(np.asarray(out, dtype=float))

@@ -1,0 +1,86 @@
+"""Trace sources: a YAML spec (generated on load) or a materialized JSONL file, by one entry point."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from prism.config import build, load_yaml
+from prism.errors import UserError
+
+from prism.traces import trace as trace_format
+from prism.traces import zipf
+from prism.traces.trace import Trace
+
+#: kind -> (spec dataclass, generator)
+GENERATORS: dict[str, tuple[type, Callable[[Any], Trace]]] = {
+    "zipf_hotspot": (zipf.ZipfHotspotSpec, zipf.generate),
+}
+
+BUILTIN = {"zipf": "zipf.yaml"}
+
+
+def resolve(source: str) -> Path:
+    """A path, or the name of a built-in spec (``zipf``)."""
+    p = Path(source)
+    if p.exists():
+        return p
+    name = BUILTIN.get(source) or (source if source.endswith(".yaml") else None)
+    if name:
+        res = resources.files("prism.traces").joinpath(Path(name).name)
+        if res.is_file():
+            return Path(str(res))
+    raise UserError("no such trace file or built-in spec", source)
+
+
+def parse_spec(data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise UserError("a trace spec must be a mapping with a 'kind'", where)
+    kind = data.get("kind")
+    if kind not in GENERATORS:
+        raise UserError(f"field 'kind': unknown trace kind {kind!r} (known: {', '.join(GENERATORS)})", where)
+    cls, _ = GENERATORS[kind]
+    return build(cls, data, where)
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
+    p = resolve(str(path))
+    data = load_yaml(p)
+    if isinstance(data, dict) and overrides:
+        data = {**data, **overrides}
+    return parse_spec(data, str(p))
+
+
+def is_materialized(path: Path) -> bool:
+    return path.suffix in (".jsonl", ".json")
+
+
+def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
+    """Generate from a spec or read a materialized file; ``overrides`` are spec fields (``qps`` also
+    rescales a materialized trace, ``num_requests`` cuts it)."""
+    overrides = dict(overrides or {})
+    p = resolve(source)
+    if is_materialized(p):
+        t = trace_format.load(p)
+        qps = overrides.pop("qps", None)
+        n = overrides.pop("num_requests", None)
+        if overrides:
+            raise UserError(f"cannot override {sorted(overrides)[0]!r} of a materialized trace "
+                            "(only qps and num_requests)", str(p))
+        if n is not None:
+            if not isinstance(n, int) or n < 1:
+                raise UserError("trace.num_requests must be a positive integer", str(p))
+            t = t.head(n)
+        if qps is not None:
+            if not isinstance(qps, (int, float)) or qps <= 0:
+                raise UserError(f"qps must be > 0, got {qps!r}", str(p))
+            t = t.rescaled(float(qps))
+        return t
+    spec = load_spec(p, overrides)
+    return GENERATORS[spec.kind][1](spec)
+
+
+def spec_dict(spec: Any) -> dict[str, Any]:
+    return asdict(spec)

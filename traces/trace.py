@@ -1,0 +1,179 @@
+"""A materialized trace, and its JSONL file format.
+
+Format (one JSON object per line, UTF-8):
+
+1. header: ``{"prism_trace": 1, "kind": "zipf_hotspot", "spec": {...}, "meta": {...}}``;
+2. one line per segment id, before its first use:
+   ``{"seg": "p17", "kind": "reuse", "first": 18}``: tokens are ``first`` followed by the hashed stream of
+   the id (see :mod:`prism.core`), or ``{"seg": ..., "kind": ..., "tokens": [...]}`` with explicit ids
+   (when a real tokenizer made them);
+3. one line per request, in arrival order:
+   ``{"id": 0, "t": 0.0123, "segs": [["sys", 96], ["p17", 128], ..., ["q0", 31]], "out": 32}``
+   (``t`` in seconds; each segment used with its length, a prefix of the segment's tokens; optional
+   ``"session"``).
+
+Loading checks every line and names the file and line of the first problem.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from prism.core import KINDS, PRIV, REUSE, SYS, Request, Segment, SegmentTable
+from prism.errors import UserError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Trace:
+    requests: list[Request]
+    table: SegmentTable
+    kind: str = "custom"
+    spec: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. the hot set
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def with_arrivals(self, times: np.ndarray) -> "Trace":
+        reqs = [Request(r.id, float(t), r.segments, r.output_len, r.session) for r, t in zip(self.requests, times)]
+        return Trace(reqs, self.table, self.kind, self.spec, self.meta)
+
+    def rescaled(self, qps: float) -> "Trace":
+        """Same requests, arrival times scaled so that the mean rate is ``qps`` (order kept)."""
+        t = np.array([r.arrival for r in self.requests])
+        if len(t) < 2 or t[-1] <= t[0]:
+            return self
+        t = (t - t[0]) * ((len(t) - 1) / qps / (t[-1] - t[0]))
+        return self.with_arrivals(t)
+
+    def head(self, n: int) -> "Trace":
+        return Trace(self.requests[:n], self.table, self.kind, self.spec, self.meta)
+
+
+def save(trace: Trace, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    declared: set[str] = set()
+    with p.open("w") as f:
+        head = {"prism_trace": FORMAT_VERSION, "kind": trace.kind, "spec": trace.spec, "meta": trace.meta}
+        f.write(json.dumps(head, sort_keys=True) + "\n")
+        for r in trace.requests:
+            for s in r.segments:
+                if s.id not in declared:
+                    declared.add(s.id)
+                    explicit = trace.table.explicit_tokens(s.id)
+                    line: dict[str, Any] = {"seg": s.id, "kind": s.kind}
+                    if explicit is not None:
+                        line["tokens"] = explicit.tolist()
+                    else:
+                        line["first"] = trace.table.first_token(s.id)
+                    f.write(json.dumps(line) + "\n")
+            line = {"id": r.id, "t": round(r.arrival, 9), "segs": [[s.id, s.length] for s in r.segments],
+                    "out": r.output_len}
+            if r.session is not None:
+                line["session"] = r.session
+            f.write(json.dumps(line) + "\n")
+
+
+def load(path: str | Path) -> Trace:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("no such file", str(p))
+    table = SegmentTable()
+    requests: list[Request] = []
+    header: dict[str, Any] | None = None
+    with p.open() as f:
+        for lineno, text in enumerate(f, start=1):
+            where = f"{p}:{lineno}"
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise UserError(f"invalid JSON ({e.msg})", where) from None
+            if not isinstance(obj, dict):
+                raise UserError("expected a JSON object", where)
+            if header is None:
+                if obj.get("prism_trace") != FORMAT_VERSION:
+                    raise UserError(f"not a PRISM trace (first line needs \"prism_trace\": {FORMAT_VERSION})", where)
+                header = obj
+                continue
+            if "seg" in obj:
+                _segment_line(obj, table, where)
+            else:
+                requests.append(_request_line(obj, table, where, requests))
+    if header is None:
+        raise UserError("empty trace file", str(p))
+    if not requests:
+        raise UserError("trace has no requests", str(p))
+    return Trace(requests, table, str(header.get("kind", "custom")), header.get("spec") or {},
+                 header.get("meta") or {})
+
+
+def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
+    seg_id, kind = obj.get("seg"), obj.get("kind")
+    if not isinstance(seg_id, str) or not seg_id:
+        raise UserError("field 'seg': must be a non-empty string", where)
+    if kind not in KINDS:
+        raise UserError(f"field 'kind': must be one of {', '.join(KINDS)}, got {kind!r}", where)
+    tokens = obj.get("tokens")
+    first = obj.get("first")
+    if tokens is not None:
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) and t >= 0 for t in tokens):
+            raise UserError("field 'tokens': must be a non-empty list of non-negative integers", where)
+    elif not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise UserError("field 'first': must be a non-negative integer (or give 'tokens')", where)
+    try:
+        table.declare(seg_id, kind, first_token=first, tokens=tokens)
+    except ValueError as e:
+        raise UserError(str(e), where) from None
+
+
+def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Request]) -> Request:
+    unknown = set(obj) - {"id", "t", "segs", "out", "session"}
+    if unknown:
+        raise UserError(f"unknown field {sorted(unknown)[0]!r}", where)
+    rid, t, segs, out = obj.get("id"), obj.get("t"), obj.get("segs"), obj.get("out")
+    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+        raise UserError("field 'id': must be a non-negative integer", where)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
+        raise UserError("field 't': must be a non-negative number of seconds", where)
+    if previous and t < previous[-1].arrival:
+        raise UserError("field 't': requests must be in arrival order", where)
+    if not isinstance(out, int) or isinstance(out, bool) or out < 1:
+        raise UserError("field 'out': must be an integer >= 1", where)
+    if not isinstance(segs, list) or not segs:
+        raise UserError("field 'segs': must be a non-empty list of [id, length]", where)
+    segments = []
+    for item in segs:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
+                or not isinstance(item[1], int) or item[1] < 1):
+            raise UserError(f"field 'segs': bad entry {item!r} (expected [id, length >= 1])", where)
+        if item[0] not in table:
+            raise UserError(f"field 'segs': segment {item[0]!r} used before its declaration", where)
+        try:
+            segments.append(table.segment(item[0], table.kind(item[0]), item[1]))
+        except ValueError as e:
+            raise UserError(str(e), where) from None
+    check_layout(segments, where)
+    session = obj.get("session")
+    return Request(rid, float(t), tuple(segments), out, None if session is None else str(session))
+
+
+def check_layout(segments: Iterable[Segment], where: str) -> None:
+    """A prompt is sys, reusable..., priv: at most one sys (first), exactly one priv (last)."""
+    segs = list(segments)
+    kinds = [s.kind for s in segs]
+    if kinds[-1] != PRIV or kinds.count(PRIV) != 1:
+        raise UserError("a prompt must end with exactly one private ('priv') segment", where)
+    if SYS in kinds[1:]:
+        raise UserError("the system ('sys') segment must come first", where)
+    if any(k not in (SYS, REUSE, PRIV) for k in kinds):
+        raise UserError("unknown segment kind", where)

@@ -1,0 +1,170 @@
+"""The ``zipf_hotspot`` RAG workload of the PRISM paper.
+
+Each request is ``sys`` (system prompt and template) + k retrieved passages of ``chunk_tokens`` tokens +
+a private question. A request is *hot* (probability ``r_hot``) when at least one of its passages is in the
+hot set: it takes ``n ~ Uniform{1..k}`` hot passages, drawn without replacement with Zipf(``zipf_s``)
+weights over the hot set's ranks, and fills the other slots with non-hot passages. A cold request takes no
+hot passage. The retriever's order is a random permutation of the k passages, so two requests that share
+passages rarely share a *prefix* until a scheduler aligns them (that is QAS's front alignment).
+
+Non-hot passages come from the synthetic corpus (uniform) or, with ``corpus: multihop_rag``, from the
+evidence set of a real MultiHop-RAG query (topped up to k at random), so co-citation is real.
+
+Content and arrivals use separate random streams: changing ``qps`` never changes a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism.config import choice, fraction, positive
+from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
+from prism.errors import UserError
+
+from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.trace import Trace
+
+
+@dataclass
+class ZipfHotspotSpec:
+    kind: str = "zipf_hotspot"
+    seed: int = 0
+    num_requests: int = positive(2048, "requests in the trace")
+    qps: float = positive(60.0, "mean arrival rate, requests/s")
+    arrival: str = choice("poisson", ("poisson", "gamma", "azure_code", "azure_conv"), "arrival process")
+    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
+    output_len: int = positive(32, "decoded tokens per request")
+    corpus: str = choice("synthetic", ("synthetic", "multihop_rag"), "where non-hot passages come from")
+    corpus_path: str | None = None  # multihop_rag folder; default ../shared/data/multihop_rag
+    num_passages: int = positive(981, "passages in the synthetic corpus")
+    chunk_tokens: int = positive(128, "tokens per passage")
+    k: int = positive(5, "passages retrieved per request")
+    hot_set: int = positive(20, "passages in the hot set")
+    r_hot: float = fraction(0.7, "probability that a request is hot")
+    zipf_s: float = positive(1.2, "Zipf exponent over the hot set's ranks")
+    hot_choice: str = choice("random", ("random", "most_cited"), "hot set: random, or most-cited (multihop)")
+    sys_tokens: int = positive(96, "system prompt + template tokens")
+    suffix_min: int = positive(16, "private question, minimum tokens")
+    suffix_max: int = positive(48, "private question, maximum tokens")
+
+    def __post_init__(self) -> None:
+        if self.suffix_max < self.suffix_min:
+            raise ValueError("field 'suffix_max': must be >= suffix_min")
+        if self.corpus == "synthetic":
+            if self.hot_set >= self.num_passages:
+                raise ValueError(f"field 'hot_set': must be < num_passages ({self.num_passages})")
+            if self.k > self.num_passages - self.hot_set:
+                raise ValueError(f"field 'k': {self.k} is larger than the {self.num_passages - self.hot_set} "
+                                 "non-hot passages of the corpus")
+        if self.k > self.hot_set and self.r_hot > 0:
+            pass  # a hot request takes at most hot_set hot passages; the rest are cold
+
+
+def _zipf_draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> list[int]:
+    """``n`` distinct indices, drawn one by one with probability proportional to the remaining weights.
+
+    The first draw is exactly Zipf-distributed, which the tests check on single-hot requests.
+    """
+    w = weights.copy()
+    out = []
+    for _ in range(n):
+        i = int(np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right"))
+        i = min(i, len(w) - 1)
+        out.append(i)
+        w[i] = 0.0
+    return out
+
+
+def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[str]]]:
+    """Passage ids, citation counts, and each query's evidence list (queries with evidence only)."""
+    passages = folder / "evidence_passages.jsonl"
+    queries = folder / "queries.json"
+    if not passages.is_file() or not queries.is_file():
+        raise UserError("MultiHop-RAG data not found (expected evidence_passages.jsonl and queries.json; "
+                        "set corpus_path)", str(folder))
+    ids, cites = [], {}
+    with passages.open() as f:
+        for i, line in enumerate(f, start=1):
+            try:
+                rec = json.loads(line)
+                pid = f"mh{rec['passage_id']}"
+            except (json.JSONDecodeError, KeyError):
+                raise UserError("bad passage record", f"{passages}:{i}") from None
+            ids.append(pid)
+            cites[pid] = len(rec.get("query_ids", []))
+    try:
+        qs = json.loads(queries.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"invalid JSON ({e.msg})", str(queries)) from None
+    evidence = []
+    for q in qs:
+        ev = [f"mh{e['passage_id']}" for e in q.get("evidence_list", []) if "passage_id" in e]
+        ev = list(dict.fromkeys(p for p in ev if p in cites))
+        if ev:
+            evidence.append(ev)
+    return ids, cites, evidence
+
+
+def generate(spec: ZipfHotspotSpec) -> Trace:
+    content_ss, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
+    rng = np.random.default_rng(content_ss)
+
+    evidence: list[list[str]] = []
+    if spec.corpus == "multihop_rag":
+        folder = Path(spec.corpus_path) if spec.corpus_path else default_data_dir() / "multihop_rag"
+        passages, cites, evidence = load_multihop(folder)
+        if spec.hot_set >= len(passages):
+            raise UserError(f"field 'hot_set': must be < the corpus's {len(passages)} passages")
+        if spec.hot_choice == "most_cited":
+            hot = sorted(passages, key=lambda p: (-cites[p], int(p[2:])))[:spec.hot_set]
+        else:
+            hot = [passages[i] for i in rng.choice(len(passages), spec.hot_set, replace=False)]
+    else:
+        passages = [f"p{i}" for i in range(spec.num_passages)]
+        hot = [passages[i] for i in rng.choice(len(passages), spec.hot_set, replace=False)]
+    hot_set = set(hot)
+    cold = [p for p in passages if p not in hot_set]
+    if spec.k > len(cold):
+        raise UserError(f"field 'k': {spec.k} is larger than the corpus's {len(cold)} non-hot passages")
+    evidence = [[p for p in ev if p not in hot_set] for ev in evidence]
+    evidence = [ev for ev in evidence if ev]
+
+    ranks = np.arange(1, len(hot) + 1, dtype=float)
+    zipf_w = ranks ** -spec.zipf_s
+    zipf_w /= zipf_w.sum()
+
+    table = SegmentTable()
+    sys_seg = table.segment("sys", SYS, spec.sys_tokens)
+    requests = []
+    hot_flags = []
+    for rid in range(spec.num_requests):
+        is_hot = rng.random() < spec.r_hot
+        chosen: list[str] = []
+        if is_hot:
+            n_hot = min(int(rng.integers(1, spec.k + 1)), len(hot))
+            chosen = [hot[i] for i in _zipf_draw(rng, zipf_w, n_hot)]
+        need = spec.k - len(chosen)
+        if need:
+            picked: list[str] = []
+            if evidence:
+                ev = evidence[int(rng.integers(len(evidence)))]
+                picked = ev[:need]
+            while len(picked) < need:
+                p = cold[int(rng.integers(len(cold)))]
+                if p not in picked:
+                    picked.append(p)
+            chosen += picked
+        order = rng.permutation(len(chosen))
+        reuse = [table.segment(chosen[i], REUSE, spec.chunk_tokens) for i in order]
+        suffix = table.segment(f"q{rid}", PRIV, int(rng.integers(spec.suffix_min, spec.suffix_max + 1)))
+        requests.append(Request(rid, 0.0, (sys_seg, *reuse, suffix), spec.output_len))
+        hot_flags.append(bool(is_hot))
+
+    arr = ArrivalSpec(process=spec.arrival, qps=spec.qps, cv=spec.arrival_cv)
+    times = arrival_times(arr, spec.num_requests, np.random.default_rng(arrival_ss))
+    trace = Trace(requests, table, "zipf_hotspot", asdict(spec), {"hot_set": hot})
+    return trace.with_arrivals(times)
