@@ -12,7 +12,6 @@ from tqdm import tqdm
 from prism.calibration.cost_model import Profile
 from prism.errors import UserError
 from prism.policies.registry import make_policies
-from prism.traces.stats import infinite_cache_hit_rate
 from prism.traces.trace import Trace
 
 from prism.sim.client import Client
@@ -78,7 +77,7 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
         "seed": trace.spec.get("seed"),
         "trace_kind": trace.kind,
         **summarize(records, engine.warmup_requests),
-        "infinite_cache_hit_rate": infinite_cache_hit_rate(trace.requests),
+        "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
         "kv_capacity_tokens": capacity,
         "profile": profile.name,
         "engine": asdict(engine),

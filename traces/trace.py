@@ -37,6 +37,15 @@ class Trace:
     kind: str = "custom"
     spec: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. the hot set
+    _infinite_hit_rate: float | None = field(default=None, repr=False, compare=False)
+
+    def infinite_cache_hit_rate(self) -> float:
+        """Hit rate of an unbounded cache over the trace's own prompt order (computed once)."""
+        if self._infinite_hit_rate is None:
+            from prism.traces.stats import infinite_cache_hit_rate
+
+            self._infinite_hit_rate = infinite_cache_hit_rate(self.requests)
+        return self._infinite_hit_rate
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -1,0 +1,51 @@
+"""Simulator speed: the default trace (2048 requests) per method, side by side in one run.
+
+    python benchmarks/bench_sim.py [--repeat 3] [--methods sglang,fcfs] [--trace traces/zipf.yaml]
+
+Prints wall seconds (best of --repeat), simulated requests per wall second, and each method's ratio to FCFS
+(these machines are noisy: compare ratios from one run, not absolute numbers across runs). Pins itself to one
+CPU core when the OS allows. Targets (issue #2): >= 10,000 simulated requests/s for FCFS; LPM <= 3x FCFS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from prism.policies.registry import METHODS, resolve_method
+from prism.sim.engine import EngineConfig
+from prism.sim.run import simulate
+from prism.traces.spec import load_trace
+from prism.calibration.cost_model import load_profile
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default="traces/zipf.yaml")
+    p.add_argument("--methods", default=",".join(["fcfs", *[m for m in METHODS if m != "fcfs"]]))
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    trace = load_trace(args.trace)
+    trace.infinite_cache_hit_rate()  # a property of the trace, not of the simulation
+    profile = load_profile()
+    rows = []
+    for method in args.methods.split(","):
+        label, sched, evict = resolve_method(method, None, None)
+        best = float("inf")
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            res = simulate(trace, sched, evict, EngineConfig(), profile, label=label)
+            best = min(best, time.perf_counter() - t0)
+        rows.append((label, best, len(trace) / best, res.summary["hit_rate"]))
+    base = next((r[1] for r in rows if r[0] == "fcfs"), rows[0][1])
+    print(f"trace {args.trace}: {len(trace)} requests, best of {args.repeat}, one core")
+    print(f"{'method':14s} {'wall_s':>8s} {'sim_req/s':>10s} {'x_fcfs':>7s} {'hit_rate':>8s}")
+    for label, wall, rps, hit in rows:
+        print(f"{label:14s} {wall:8.3f} {rps:10.0f} {wall / base:7.2f} {hit:8.3f}")
+
+
+if __name__ == "__main__":
+    main()

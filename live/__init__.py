@@ -1,1 +1,0 @@
-"""SGLang adapters for PRISM's policies (the live issue)."""

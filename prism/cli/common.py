@@ -1,0 +1,47 @@
+"""What every command shares: the error contract and small output helpers."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+from prism.errors import UserError
+
+
+def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback."""
+
+    def wrap(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+        @functools.wraps(fn)
+        def main(argv: list[str] | None = None) -> int:
+            try:
+                code = fn(argv)
+            except UserError as e:
+                print(f"{prog}: error: {e}", file=sys.stderr)
+                code = 2
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr)
+                code = 130
+            if argv is None:
+                sys.exit(code)
+            return code
+
+        return main
+
+    return wrap
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain aligned text table."""
+    cells = [[str(h) for h in header]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)

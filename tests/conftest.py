@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
+from prism.traces.arrivals import default_data_dir
+from prism.traces.trace import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = default_data_dir()
+
+
+def need_data(*parts: str) -> Path:
+    path = DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"public data set not found at {path} (../shared/data is not laid beside the checkout)")
+    return path
+
+
+def make_trace(specs, table: SegmentTable | None = None) -> Trace:
+    """specs: list of (arrival, [(kind, id, length), ...], output_len)."""
+    table = table or SegmentTable()
+    reqs = []
+    for i, (t, segs, out) in enumerate(specs):
+        reqs.append(Request(i, t, tuple(table.segment(sid, kind, n) for kind, sid, n in segs), out))
+    return Trace(reqs, table, "custom", {"qps": None, "seed": 0})
+
+
+@pytest.fixture
+def tiny_zipf():
+    from prism.traces.zipf import ZipfHotspotSpec, generate
+
+    return generate(ZipfHotspotSpec(num_requests=200, qps=20.0))
+
+
+__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT"]

@@ -1,0 +1,92 @@
+"""Every class of bad input ends with one line naming the problem, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prism.cli.sim import main as sim_main
+from prism.cli.trace import main as trace_main
+
+
+def run(main, argv, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+CASES = [
+    # (description, files, argv builder, fragment of the message)
+    ("malformed YAML", {"bad.yaml": "kind: zipf_hotspot\nqps: [60\n"}, lambda f: ["--trace", f["bad.yaml"]],
+     "bad.yaml:"),
+    ("unknown spec key", {"s.yaml": "kind: zipf_hotspot\nqpss: 60\n"}, lambda f: ["--trace", f["s.yaml"]],
+     "unknown field 'qpss'"),
+    ("unknown trace kind", {"s.yaml": "kind: nope\n"}, lambda f: ["--trace", f["s.yaml"]], "unknown trace kind"),
+    ("zero rate", {}, lambda f: ["--trace", "zipf", "--qps", "0"], "field 'qps': must be > 0"),
+    ("negative rate", {"s.yaml": "kind: zipf_hotspot\nqps: -5\n"}, lambda f: ["--trace", f["s.yaml"]],
+     "must be > 0"),
+    ("k larger than corpus", {}, lambda f: ["--trace", "zipf", "--set", "trace.k=5000"], "field 'k'"),
+    ("KV capacity below one request", {}, lambda f: ["--trace", "zipf", "--set", "engine.max_total_tokens=100"],
+     "engine.max_total_tokens"),
+    ("unknown method", {}, lambda f: ["--trace", "zipf", "--method", "magic"], "unknown method 'magic'"),
+    ("unknown scheduler", {}, lambda f: ["--trace", "zipf", "--scheduler", "magic"], "unknown scheduler"),
+    ("unknown eviction", {}, lambda f: ["--trace", "zipf", "--eviction", "magic"], "unknown eviction"),
+    ("unknown engine key", {}, lambda f: ["--trace", "zipf", "--set", "engine.turbo=1"], "unknown field 'turbo'"),
+    ("wrong type", {}, lambda f: ["--trace", "zipf", "--set", "engine.page_size=big"], "must be an integer"),
+    ("unknown config section", {"c.yaml": "engines: {}\n"},
+     lambda f: ["--trace", "zipf", "--config", f["c.yaml"]], "unknown section 'engines'"),
+    ("unknown profile", {}, lambda f: ["--trace", "zipf", "--profile", "tpu:llama"], "unknown GPU"),
+    ("missing trace file", {}, lambda f: ["--trace", "missing.jsonl"], "missing.jsonl"),
+    ("malformed JSONL", {"t.jsonl": json.dumps({"prism_trace": 1}) + "\n{oops\n"},
+     lambda f: ["--trace", f["t.jsonl"]], "t.jsonl:2"),
+    ("JSONL bad field", {"t.jsonl": json.dumps({"prism_trace": 1}) + "\n"
+                         + json.dumps({"seg": "s", "kind": "sys", "first": 1}) + "\n"
+                         + json.dumps({"seg": "q", "kind": "priv", "first": 2}) + "\n"
+                         + json.dumps({"id": 0, "t": 0.0, "segs": [["s", 4], ["q", 2]], "out": 0}) + "\n"},
+     lambda f: ["--trace", f["t.jsonl"]], "t.jsonl:4: field 'out'"),
+    ("JSONL undeclared segment", {"t.jsonl": json.dumps({"prism_trace": 1}) + "\n"
+                                  + json.dumps({"id": 0, "t": 0.0, "segs": [["zz", 4]], "out": 1}) + "\n"},
+     lambda f: ["--trace", f["t.jsonl"]], "used before its declaration"),
+    ("not a PRISM trace", {"t.jsonl": json.dumps({"hello": 1}) + "\n"}, lambda f: ["--trace", f["t.jsonl"]],
+     "not a PRISM trace"),
+]
+
+
+@pytest.mark.parametrize("desc,files,argv,fragment", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_one_line_exit_2(tmp_path, capsys, desc, files, argv, fragment):
+    paths = {name: write(tmp_path, name, text) for name, text in files.items()}
+    code, err = run(sim_main, argv(paths) + ["--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert code == 2, desc
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("prism-sim: error:")
+    assert fragment in err, err
+
+
+def test_trace_cli_errors(tmp_path, capsys):
+    code, err = run(trace_main, ["stats", str(tmp_path / "none.jsonl")], capsys)
+    assert code == 2 and "none.jsonl" in err and len(err.splitlines()) == 1
+    code, err = run(trace_main, ["gen", "zipf", "-o", str(tmp_path / "x.jsonl"), "--set", "r_hot=1.5"], capsys)
+    assert code == 2 and "r_hot" in err
+
+
+def test_sim_cli_writes_results(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--qps", "20", "--out", str(out),
+                     "--no-progress"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("method", "qps", "num_requests", "hit_rate", "throughput_rps", "infinite_cache_hit_rate", "wall_s"):
+        assert key in summary
+    assert set(summary["ttft_s"]) >= {"mean", "p50", "p90", "p95", "p99"}
+    assert summary["num_requests"] == 150 and summary["qps"] == 20
+    lines = (out / "requests.csv").read_text().splitlines()
+    assert len(lines) == 151 and lines[0].startswith("id,arrival,sent,prefill_start")
+    assert "sglang" in capsys.readouterr().out

@@ -1,0 +1,155 @@
+"""The simulated engine: completion, TTFT decomposition, KV capacity, determinism, exact timestamps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import PRIV, REUSE, SYS, make_trace
+from prism.calibration.cost_model import CostModel, Profile, load_profile
+from prism.sim import engine as engine_mod
+from prism.sim.engine import EngineConfig
+from prism.sim.metrics import write_requests_csv
+from prism.sim.run import simulate
+from prism.traces.zipf import ZipfHotspotSpec, generate
+
+METHODS = [("fcfs", "lru"), ("lpm", "lru"), ("dfs_weight", "lru"), ("lpm", "lfu"), ("fcfs", "lru_active")]
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return generate(ZipfHotspotSpec(num_requests=300, qps=40.0, seed=3))
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile()
+
+
+@pytest.fixture
+def audited(monkeypatch):
+    """Check the cache's bookkeeping and the KV capacity after every prefill and decode step."""
+    seen = {"checks": 0}
+    orig_end, orig_finish = engine_mod.Engine._end_prefill, engine_mod.Engine._finish
+
+    def check(self):
+        self.cache.check()
+        used = self.cache.size + self.decode_alloc + self.inflight
+        assert self.capacity is None or used <= self.capacity, (used, self.capacity)
+        assert self.reserved >= 0 and self.decode_alloc >= 0 and self.inflight >= 0
+        seen["checks"] += 1
+
+    def end_prefill(self, batch):
+        orig_end(self, batch)
+        check(self)
+
+    def finish(self, seq):
+        orig_finish(self, seq)
+        check(self)
+
+    monkeypatch.setattr(engine_mod.Engine, "_end_prefill", end_prefill)
+    monkeypatch.setattr(engine_mod.Engine, "_finish", finish)
+    return seen
+
+
+@pytest.mark.parametrize("sched,evict", METHODS)
+def test_every_request_completes_once_and_ttft_decomposes(trace, profile, audited, sched, evict):
+    cfg = EngineConfig(max_total_tokens=6000, chunked_prefill_size=1024, max_running_requests=16)
+    res = simulate(trace, sched, evict, cfg, profile)
+    ids = [r.id for r in res.records]
+    assert sorted(ids) == [r.id for r in trace.requests]  # each exactly once
+    assert audited["checks"] > len(trace)
+    for r in res.records:
+        assert r.ttft == pytest.approx(r.w_admit + r.t_prefill + r.t_1tok, abs=1e-12)
+        assert 0 <= r.hit_tokens < r.prompt_tokens
+        assert r.arrival <= r.sent <= r.prefill_start <= r.prefill_end <= r.first_token <= r.finish
+    s = res.summary
+    assert s["hit_rate"] == pytest.approx(sum(r.hit_tokens for r in res.records) /
+                                          sum(r.prompt_tokens for r in res.records))
+    # an online cache of finite size never beats the infinite cache on the same order (no realignment here)
+    assert s["hit_rate"] <= s["infinite_cache_hit_rate"] + 1e-12
+    assert res.counters["evicted_nodes"] > 0, "the test capacity should force eviction"
+
+
+def test_concurrency_limit_and_chunking(trace, profile, audited):
+    cfg = EngineConfig(max_total_tokens=20000, chunked_prefill_size=256, max_concurrency=4)
+    res = simulate(trace.head(60), "fcfs", "lru", cfg, profile)
+    events = sorted([(r.sent, 1) for r in res.records] + [(r.finish, -1) for r in res.records],
+                    key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    assert peak <= 4
+    assert any(r.sent > r.arrival for r in res.records), "some requests waited client-side"
+    # 256-token chunks: a ~770-token prompt needs several prefill iterations
+    assert res.counters["prefill_iterations"] >= 60 * 2
+
+
+def test_same_seed_same_bytes(tmp_path, profile):
+    outs = []
+    for i in range(2):
+        tr = generate(ZipfHotspotSpec(num_requests=200, qps=50.0, seed=7))
+        res = simulate(tr, "lpm", "lru", EngineConfig(max_total_tokens=8000), profile)
+        d = tmp_path / str(i)
+        d.mkdir()
+        write_requests_csv(res.records, d / "requests.csv")
+        s = dict(res.summary)
+        s.pop("wall_s")
+        outs.append(((d / "requests.csv").read_bytes(), json.dumps(s, sort_keys=True)))
+    assert outs[0] == outs[1]
+
+
+def test_two_requests_exact_timestamps():
+    """Hand-computed from the cost model's formulas (see the numbers in the comments)."""
+    cost = CostModel(a_p=0.1, b_p=0.01, c_p=0.001, a_d=0.05, b_d=0.001, c_d=0.0001, first_token_s=0.002)
+    base = load_profile()
+    profile = Profile(cost, base.gpu, base.model, 10_000)
+    tr = make_trace([
+        (0.0, [(SYS, "s", 4), (REUSE, "r1", 8), (PRIV, "a", 4)], 3),
+        (1.0, [(SYS, "s", 4), (REUSE, "r1", 8), (PRIV, "b", 4)], 2),
+    ])
+    res = simulate(tr, "fcfs", "lru", EngineConfig(max_total_tokens=1000), profile)
+    a, b = sorted(res.records, key=lambda r: r.id)
+    # A: 16 new tokens, none cached: 0.1 + 0.01*16 + 0.001*16*(0 + 8) = 0.388
+    assert a.prefill_start == 0.0 and a.hit_tokens == 0
+    assert a.prefill_end == pytest.approx(0.388)
+    assert a.first_token == pytest.approx(0.390)
+    # two decode steps (3 output tokens, the first from prefill): contexts 17 then 18
+    # 0.05 + 0.001 + 0.0001*17 = 0.0527; 0.05 + 0.001 + 0.0001*18 = 0.0528
+    assert a.finish == pytest.approx(0.388 + 0.0527 + 0.0528)
+    # B at t=1: sys + r1 = 12 tokens cached; 4 new: 0.1 + 0.04 + 0.001*4*(12 + 2) = 0.196
+    assert b.hit_tokens == 12
+    assert b.prefill_start == 1.0
+    assert b.prefill_end == pytest.approx(1.196)
+    assert b.first_token == pytest.approx(1.198)
+    # one decode step, context 17: 0.0527
+    assert b.finish == pytest.approx(1.196 + 0.0527)
+    assert res.summary["hit_rate"] == pytest.approx(12 / 32)
+
+
+def test_fully_cached_prompt_still_computes_one_token():
+    base = load_profile()
+    tr = make_trace([
+        (0.0, [(SYS, "s", 8), (PRIV, "same", 8)], 1),
+        (5.0, [(SYS, "s", 8), (PRIV, "same", 8)], 1),
+    ])
+    res = simulate(tr, "fcfs", "lru", EngineConfig(max_total_tokens=100), base)
+    assert [r.hit_tokens for r in sorted(res.records, key=lambda r: r.id)] == [0, 15]
+
+
+def test_lpm_prefers_cached_prefix():
+    """With one request holding the engine, LPM admits the waiting request that shares its prefix first."""
+    base = load_profile()
+    tr = make_trace([
+        (0.0, [(SYS, "s", 64), (REUSE, "hot", 256), (PRIV, "a", 8)], 1),
+        (0.001, [(SYS, "t", 64), (REUSE, "cold", 256), (PRIV, "b", 8)], 1),
+        (0.002, [(SYS, "s", 64), (REUSE, "hot", 256), (PRIV, "c", 8)], 1),
+    ])
+    cfg = EngineConfig(max_total_tokens=10_000, max_running_requests=1)
+    lpm = {r.id: r for r in simulate(tr, "lpm", "lru", cfg, base).records}
+    fcfs = {r.id: r for r in simulate(tr, "fcfs", "lru", cfg, base).records}
+    assert lpm[2].prefill_start < lpm[1].prefill_start
+    assert fcfs[1].prefill_start < fcfs[2].prefill_start
+    assert lpm[2].hit_tokens == 320

@@ -1,0 +1,134 @@
+"""The radix cache against brute force: hit lengths, capacity, locks, eviction order."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prism.sim.radix_cache import RadixCache
+
+
+def key(tokens) -> bytes:
+    return np.asarray(tokens, dtype=np.int32).tobytes()
+
+
+def brute_lcp(query, resident, page: int) -> int:
+    best = 0
+    for seq in resident:
+        n = min(len(seq), len(query))
+        m = 0
+        while m < n and seq[m] == query[m]:
+            m += 1
+        best = max(best, m)
+    return best - best % page
+
+
+# small alphabets and shared stems make long common prefixes likely
+stems = st.lists(st.integers(0, 3), min_size=0, max_size=12)
+seqs = st.lists(st.integers(0, 3), min_size=1, max_size=24)
+ops = st.lists(st.tuples(st.sampled_from(["insert", "match", "lock", "unlock", "evict"]), seqs,
+                         st.integers(1, 30)), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, page=st.sampled_from([1, 2, 4]), capacity=st.integers(8, 80), anchors=st.booleans())
+def test_cache_matches_brute_force(ops, page, capacity, anchors):
+    cache = RadixCache(capacity, page, anchors=anchors)
+    locked = []  # nodes we hold locks on
+    clock = 0.0
+    for op, seq, n in ops:
+        clock += 1.0
+        k = key(seq)
+        resident = [s.tolist() for s in cache.sequences()]
+        # the peek equals brute-force LCP against what is resident, and changes nothing
+        assert cache.match_len(k) == brute_lcp(seq, resident, page)
+        if op == "insert":
+            layout = [(len(seq) // 2, "reuse", "a"), (len(seq), "priv", "b")]
+            cache.insert(k, clock, layout)
+            # keep within capacity the way the engine does: evict unlocked leaves
+            over = cache.size - capacity
+            if over > 0:
+                cache.evict(over, lambda nd: (nd.last_access,))
+        elif op == "match":
+            m, node = cache.match(k, clock)
+            assert m == brute_lcp(seq, resident, page)
+            assert node.depth == m
+        elif op == "lock":
+            _, node = cache.match(k, clock)
+            if node is not cache.root:
+                cache.lock(node)
+                locked.append(node)
+        elif op == "unlock" and locked:
+            cache.unlock(locked.pop(n % len(locked)))
+        elif op == "evict":
+            protected = {id(x) for node in locked for x in _path(cache, node)}
+            evicted = []
+            cache.evict(n, lambda nd: (nd.last_access,), evicted.append)
+            assert not protected & {id(e) for e in evicted}, "a locked node was evicted"
+        cache.check()
+        locked_tokens = sum(x.length for x in {id(x): x for nd in locked for x in _path(cache, nd)}.values())
+        # capacity is exceeded only when locked prefixes alone exceed it (the engine never lets that happen)
+        assert cache.size <= max(capacity, locked_tokens + len(seq))
+
+
+def _path(cache, node):
+    out = []
+    while node is not cache.root:
+        out.append(node)
+        node = node.parent
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=st.lists(seqs, min_size=2, max_size=25), seed=st.integers(0, 1000), tokens=st.integers(1, 40))
+def test_evictions_follow_the_key(batch, seed, tokens):
+    """Every evicted node is, at its turn, the evictable leaf with the smallest (key, id)."""
+    rng = np.random.default_rng(seed)
+    cache = RadixCache(None, 1)
+    for i, s in enumerate(batch):
+        _, node = cache.insert(key(s), float(i))
+        if rng.random() < 0.3:
+            cache.lock(node)
+    score = {n.id: float(rng.random()) for n in cache.nodes()}
+    keyf = lambda nd: (score[nd.id],)  # noqa: E731
+    order = []
+
+    def on_evict(nd):
+        candidates = cache.evictable_leaves()
+        best = min(candidates, key=lambda c: (keyf(c), c.id))
+        assert best is nd
+        order.append(nd)
+
+    before = cache.size
+    freed = cache.evict(tokens, keyf, on_evict)
+    assert freed == before - cache.size
+    assert freed >= tokens or not cache.evictable_leaves()
+    cache.check()
+
+
+def test_split_keeps_locks_and_anchors_place_boundaries():
+    cache = RadixCache(None, 1, anchors=True)
+    layout = [(2, "sys", "s"), (5, "reuse", "r1"), (8, "priv", "q")]
+    _, leaf = cache.insert(key([1, 1, 2, 2, 2, 3, 3, 3]), 1.0, layout)
+    nodes = sorted(cache.nodes(), key=lambda n: n.depth)
+    assert [(n.depth, n.kind, n.seg_id) for n in nodes] == [(2, "sys", "s"), (5, "reuse", "r1"), (8, "priv", "q")]
+    cache.lock(leaf)
+    assert cache.evictable_size == 0
+    # a second prompt sharing sys + r1 splits nothing new and only adds its private suffix
+    added, _ = cache.insert(key([1, 1, 2, 2, 2, 4, 4]), 2.0, [(2, "sys", "s"), (5, "reuse", "r1"), (7, "priv", "q2")])
+    assert added == 2
+    # a match that ends inside r1 splits it, and the upper half inherits the lock count
+    m, node = cache.match(key([1, 1, 2, 9]), 3.0)
+    assert m == 3 and node.lock_ref == 1
+    cache.check()
+    cache.unlock(leaf)
+    assert cache.evictable_size == cache.size
+    cache.check()
+
+
+def test_page_size_floors_matches_and_insertions():
+    cache = RadixCache(None, 4)
+    added, _ = cache.insert(key(range(10)), 0.0)
+    assert added == 8  # the partial page is not cached
+    assert cache.match_len(key(list(range(6)) + [99, 99])) == 4

@@ -1,0 +1,138 @@
+"""Trace generation statistics, determinism, the JSONL format, and the infinite-cache hit rate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from conftest import PRIV, REUSE, SYS, make_trace, need_data
+from prism.core import SegmentTable
+from prism.sim.radix_cache import RadixCache
+from prism.traces import trace as fmt
+from prism.traces.spec import load_trace
+from prism.traces.stats import infinite_cache_hits, trace_stats
+from prism.traces.zipf import ZipfHotspotSpec, generate
+
+
+@pytest.fixture(scope="module")
+def big():
+    return generate(ZipfHotspotSpec(num_requests=4000, seed=11))
+
+
+def test_hot_fraction_within_sampling_error(big):
+    hot = set(big.meta["hot_set"])
+    flags = np.array([any(s.id in hot for s in r.segments) for r in big.requests])
+    n, p = len(flags), 0.7
+    assert abs(flags.mean() - p) < 4 * np.sqrt(p * (1 - p) / n)
+
+
+def test_single_hot_passage_ranks_follow_zipf(big):
+    """The first hot draw is Zipf(1.2) over the hot ranks; requests with exactly one hot passage show it."""
+    hot = big.meta["hot_set"]
+    rank = {p: i for i, p in enumerate(hot)}
+    counts = np.zeros(len(hot))
+    for r in big.requests:
+        mine = [rank[s.id] for s in r.segments if s.id in rank]
+        if len(mine) == 1:
+            counts[mine[0]] += 1
+    w = np.arange(1, len(hot) + 1, dtype=float) ** -1.2
+    expected = w / w.sum() * counts.sum()
+    assert counts.sum() > 300
+    # pool the sparse tail so every expected count is >= 5
+    keep = expected >= 5
+    obs, exp = counts[keep], expected[keep]
+    if (~keep).any():
+        obs, exp = np.append(obs, counts[~keep].sum()), np.append(exp, expected[~keep].sum())
+    assert sps.chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_prompt_shape_and_mean_length(big):
+    lens = np.array([r.prompt_len for r in big.requests])
+    assert abs(lens.mean() - 768) < 2
+    for r in big.requests[:200]:
+        kinds = [s.kind for s in r.segments]
+        assert kinds == [SYS] + [REUSE] * 5 + [PRIV]
+        assert len({s.id for s in r.segments}) == 7
+
+
+def test_qps_changes_arrivals_only():
+    a = generate(ZipfHotspotSpec(num_requests=300, qps=40.0, seed=5))
+    b = generate(ZipfHotspotSpec(num_requests=300, qps=80.0, seed=5))
+    assert [r.segments for r in a.requests] == [r.segments for r in b.requests]
+    assert all((ra.tokens() == rb.tokens()).all() for ra, rb in zip(a.requests, b.requests))
+    ta = np.array([r.arrival for r in a.requests])
+    tb = np.array([r.arrival for r in b.requests])
+    assert np.allclose(ta, 2 * tb)  # the same exponential draws, scaled
+
+
+def test_poisson_rate_within_sampling_error():
+    t = generate(ZipfHotspotSpec(num_requests=4000, qps=50.0, seed=1))
+    gaps = np.diff([0.0] + [r.arrival for r in t.requests])
+    # mean gap 1/50 with standard error (1/50)/sqrt(n)
+    assert abs(gaps.mean() - 0.02) < 4 * 0.02 / np.sqrt(len(gaps))
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.1
+
+
+def test_different_segments_never_share_a_first_token(big):
+    firsts = {}
+    for r in big.requests:
+        for s in r.segments:
+            firsts.setdefault(int(s.tokens[0]), set()).add(s.id)
+    assert all(len(ids) == 1 for ids in firsts.values())
+
+
+def test_jsonl_round_trip(tmp_path, tiny_zipf):
+    path = tmp_path / "t.jsonl"
+    fmt.save(tiny_zipf, path)
+    back = fmt.load(path)
+    assert len(back) == len(tiny_zipf)
+    for a, b in zip(tiny_zipf.requests, back.requests):
+        assert a.id == b.id and a.arrival == pytest.approx(b.arrival, abs=1e-9) and a.output_len == b.output_len
+        assert np.array_equal(a.tokens(), b.tokens())
+    assert back.meta == tiny_zipf.meta
+    # loading through the generic entry point, with a rate change, keeps the prompts
+    re = load_trace(str(path), {"qps": 5.0})
+    assert np.array_equal(re.requests[7].tokens(), tiny_zipf.requests[7].tokens())
+    assert trace_stats(re)["mean_qps"] == pytest.approx(5.0)
+
+
+def test_explicit_tokens_round_trip(tmp_path):
+    table = SegmentTable()
+    table.declare("tok", REUSE, tokens=[500, 501, 502, 503])
+    tr = make_trace([(0.0, [(SYS, "s", 3), (REUSE, "tok", 4), (PRIV, "q", 2)], 1)], table)
+    fmt.save(tr, tmp_path / "x.jsonl")
+    back = fmt.load(tmp_path / "x.jsonl")
+    assert back.requests[0].tokens()[3:7].tolist() == [500, 501, 502, 503]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=0, max_size=4), st.integers(0, 3),
+                          st.integers(1, 3)), min_size=1, max_size=30))
+def test_infinite_cache_trie_equals_token_radix(reqs):
+    """The segment trie's exact hit counts equal a token-level radix tree of unbounded size."""
+    specs = []
+    for i, (passages, trunc, sys_len) in enumerate(reqs):
+        segs = [(SYS, f"s{sys_len}", 4)] + [(REUSE, f"p{p}", 6 - (trunc if j == len(passages) - 1 else 0))
+                                            for j, p in enumerate(passages)] + [(PRIV, f"q{i}", 3)]
+        specs.append((float(i), segs, 1))
+    tr = make_trace(specs)
+    expected = []
+    cache = RadixCache(None)
+    for r in tr.requests:
+        key = r.tokens().tobytes()
+        expected.append(min(cache.match_len(key), r.prompt_len - 1))
+        cache.insert(key, 0.0)
+    assert infinite_cache_hits(tr.requests) == expected
+
+
+def test_multihop_corpus_uses_real_evidence():
+    need_data("multihop_rag", "queries.json")
+    t = load_trace("traces/zipf.yaml", {"corpus": "multihop_rag", "num_requests": 300, "hot_choice": "most_cited"})
+    ids = {s.id for r in t.requests for s in r.segments if s.kind == REUSE}
+    assert all(i.startswith("mh") for i in ids)
+    assert len(t.meta["hot_set"]) == 20
+    st_ = trace_stats(t)
+    assert 0.6 < st_["hot_fraction"] < 0.8
