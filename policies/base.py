@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from prism.core import PRIV, REUSE, SYS, Segment
 
@@ -54,6 +54,12 @@ class NodeView(Protocol):
     def is_leaf(self) -> bool: ...
 
 
+class ResidentIndex(Protocol):
+    """What an eviction policy may ask of the whole cache: resident nodes per segment id."""
+
+    resident: dict[str, int]  # sys / reusable segment id -> resident nodes owned by it
+
+
 @dataclass
 class DemandHints:
     """Demand signals shared by a scheduler and an eviction policy of one engine.
@@ -88,7 +94,7 @@ class Plan:
     """A scheduler's answer: the waiting requests in admission order, and new reusable-segment orders."""
 
     order: list[Any]
-    align: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    align: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     cold: frozenset[int] = frozenset()  # ids in a cold (FIFO anti-starvation) lane, for counters
 
 
@@ -125,8 +131,11 @@ class EvictionPolicy:
     def __init__(self, hints: DemandHints | None = None) -> None:
         self.hints = hints or DemandHints()
 
-    def begin(self, nodes: Sequence[NodeView]) -> None:
-        """Called once per eviction pass with the resident nodes that may be scored (for set-up)."""
+    def prepare(self, cache: "ResidentIndex") -> None:
+        """Called before each eviction pass (a policy may derive per-pass state, e.g. a protection set)."""
+
+    def on_admit(self, request: WaitingRequest) -> None:
+        """Called when the engine admits a request (an offline oracle tracks the future with it)."""
 
     def key(self, node: NodeView) -> tuple:
         raise NotImplementedError
@@ -135,5 +144,5 @@ class EvictionPolicy:
         return tier_of(node)
 
 
-__all__ = ["PrefixIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan", "Scheduler",
+__all__ = ["PrefixIndex", "ResidentIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan", "Scheduler",
            "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]

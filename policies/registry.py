@@ -8,34 +8,44 @@ policy with knobs has a config dataclass, filled from the YAML/``--set`` section
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from prism.config import build
 from prism.errors import UserError
 
 from prism.policies.base import DemandHints, EvictionPolicy, Scheduler
+from prism.policies.belady import Belady
+from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
+from prism.policies.dart import DART, DARTConfig
 from prism.policies.eviction import LFU, LRU, LRUActive
 from prism.policies.fcfs import FCFS
+from prism.policies.klpm import KLPM, KLPMConfig
 from prism.policies.lpm import LPM, DFSWeight, LPMConfig
+from prism.policies.qas import QAS, QASConfig
 
 
 @dataclass(frozen=True)
 class PolicyEntry:
-    factory: Callable[..., Any]
+    factory: Callable[..., Any]  # (config or None, hints, trace requests) -> policy
     config: type | None = None  # knob dataclass; its section name is the policy name
     section: str | None = None
 
 
 SCHEDULERS: dict[str, PolicyEntry] = {
-    "fcfs": PolicyEntry(lambda cfg, hints: FCFS()),
-    "lpm": PolicyEntry(lambda cfg, hints: LPM(cfg), LPMConfig, "lpm"),
-    "dfs_weight": PolicyEntry(lambda cfg, hints: DFSWeight(cfg), LPMConfig, "lpm"),
+    "fcfs": PolicyEntry(lambda cfg, hints, reqs: FCFS()),
+    "lpm": PolicyEntry(lambda cfg, hints, reqs: LPM(cfg), LPMConfig, "lpm"),
+    "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: DFSWeight(cfg), LPMConfig, "lpm"),
+    "klpm": PolicyEntry(lambda cfg, hints, reqs: KLPM(cfg), KLPMConfig, "klpm"),
+    "contextpilot": PolicyEntry(lambda cfg, hints, reqs: ContextPilot(cfg), ContextPilotConfig, "contextpilot"),
+    "qas": PolicyEntry(lambda cfg, hints, reqs: QAS(cfg), QASConfig, "qas"),
 }
 
 EVICTIONS: dict[str, PolicyEntry] = {
-    "lru": PolicyEntry(lambda cfg, hints: LRU(hints)),
-    "lfu": PolicyEntry(lambda cfg, hints: LFU(hints)),
-    "lru_active": PolicyEntry(lambda cfg, hints: LRUActive(hints)),
+    "lru": PolicyEntry(lambda cfg, hints, reqs: LRU(hints)),
+    "lfu": PolicyEntry(lambda cfg, hints, reqs: LFU(hints)),
+    "lru_active": PolicyEntry(lambda cfg, hints, reqs: LRUActive(hints)),
+    "dart": PolicyEntry(lambda cfg, hints, reqs: DART(cfg, hints), DARTConfig, "dart"),
+    "belady": PolicyEntry(lambda cfg, hints, reqs: Belady(reqs)),  # offline reference: knows the trace
 }
 
 #: method preset -> (scheduler, eviction)
@@ -43,6 +53,9 @@ METHODS: dict[str, tuple[str, str]] = {
     "sglang": ("lpm", "lru"),
     "fcfs": ("fcfs", "lru"),
     "dfs_weight": ("dfs_weight", "lru"),
+    "klpm": ("klpm", "lru"),
+    "contextpilot": ("contextpilot", "lru"),
+    "prism": ("qas", "dart"),
 }
 
 
@@ -77,11 +90,16 @@ def _config(entry: PolicyEntry, knobs: dict[str, Any], where: str):
 
 
 def make_policies(scheduler: str, eviction: str, knobs: dict[str, Any] | None = None,
-                  where: str = "") -> tuple[Scheduler, EvictionPolicy, DemandHints]:
-    """Build a scheduler and an eviction policy that share one :class:`DemandHints`."""
+                  where: str = "", requests: Sequence[Any] = ()) -> tuple[Scheduler, EvictionPolicy, DemandHints]:
+    """Build a scheduler and an eviction policy that share one :class:`DemandHints`.
+
+    ``requests`` (the trace) is only read by offline references such as ``belady``.
+    """
     knobs = knobs or {}
     hints = DemandHints()
     s_entry, e_entry = SCHEDULERS[scheduler], EVICTIONS[eviction]
-    sched = s_entry.factory(_config(s_entry, knobs, where), hints)
-    evict = e_entry.factory(_config(e_entry, knobs, where), hints)
+    sched = s_entry.factory(_config(s_entry, knobs, where), hints, requests)
+    evict = e_entry.factory(_config(e_entry, knobs, where), hints, requests)
+    if evict.hints is not hints:
+        evict.hints = hints
     return sched, evict, hints

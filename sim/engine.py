@@ -175,6 +175,7 @@ class Engine:
     def _allocate(self, n: int) -> None:
         short = n - self._free()
         if short > 0:
+            self.eviction.prepare(self.cache)
             self.cache.evict(short, self.eviction.key, self._count_eviction)
             if self._free() < n:
                 raise RuntimeError("KV accounting error: eviction could not make room")
@@ -215,8 +216,9 @@ class Engine:
             if rem_chunk <= 0 or rem_input <= 0:
                 break
             # a plan's realignment matters once the request reaches the cache, so it is applied here
-            if seq.id in plan.align and seq.realign(plan.align[seq.id]):
-                self.counters["realigned_requests"] += 1
+            skeleton = plan.align.get(seq.id)
+            if skeleton is not None and seq.realign(skeleton):
+                self.counters["front_alignment_moves"] += 1
             hit, node = self.cache.match(seq.key[:-TOKEN_BYTES], now, seq.layout)
             new = seq.prompt_len - hit
             self.cache.lock(node)
@@ -240,6 +242,7 @@ class Engine:
             batch.append((seq, take, hit))
             admitted.append(seq)
             self.active[seq.id] = seq
+            self.eviction.on_admit(seq)
             for r in seq.reuse_ids():
                 self.hints.active[r] += 1
             rem_chunk -= take

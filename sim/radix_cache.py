@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import Counter
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -70,6 +71,7 @@ class RadixCache:
         self.size = 0  # resident tokens
         self.evictable_size = 0  # resident tokens in unlocked nodes
         self._leaves: set[Node] = set()
+        self.resident: Counter = Counter()  # sys / reusable segment id -> resident nodes it owns
 
     # ---------------------------------------------------------------- lookups
     def _lcp(self, a: bytes, b: bytes) -> int:
@@ -165,6 +167,8 @@ class RadixCache:
         kind, seg = _owner(layout, depth) if layout else (PRIV, "")
         node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
         self._next_id += 1
+        if kind != PRIV:
+            self.resident[seg] += 1
         if not parent.children and parent is not self.root:
             self._leaves.discard(parent)
         parent.children[key[:self._pb]] = node
@@ -181,6 +185,8 @@ class RadixCache:
         kind, seg = _owner(layout, depth) if layout else (child.kind, child.seg_id)
         upper = Node(self._next_id, parent, child.key[:cut], depth, child.last_access, kind, seg)
         self._next_id += 1
+        if kind != PRIV:
+            self.resident[seg] += 1
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
         parent.children[child.key[:self._pb]] = upper
@@ -204,9 +210,25 @@ class RadixCache:
             if i < len(cuts) and cuts[i] < end:
                 child = self._split(child, cuts[i] - depth, layout)
                 end = cuts[i]
-            child.kind, child.seg_id = _owner(layout, end)
+            self._set_owner(child, *_owner(layout, end))
             node, depth = child, end
         return node
+
+    def _set_owner(self, node: Node, kind: str, seg: str) -> None:
+        if (kind, seg) == (node.kind, node.seg_id):
+            return
+        self._disown(node)
+        node.kind, node.seg_id = kind, seg
+        if kind != PRIV:
+            self.resident[seg] += 1
+
+    def _disown(self, node: Node) -> None:
+        if node.kind != PRIV:
+            c = self.resident[node.seg_id] - 1
+            if c:
+                self.resident[node.seg_id] = c
+            else:
+                del self.resident[node.seg_id]
 
     # ---------------------------------------------------------------- locks
     def lock(self, node: Node) -> None:
@@ -252,6 +274,7 @@ class RadixCache:
         parent = node.parent
         del parent.children[node.key[:self._pb]]
         self._leaves.discard(node)
+        self._disown(node)
         self.size -= node.length
         self.evictable_size -= node.length
         if parent is not self.root and not parent.children:
@@ -294,6 +317,8 @@ class RadixCache:
         assert size == self.size, (size, self.size)
         assert evictable == self.evictable_size, (evictable, self.evictable_size)
         assert leaves == self._leaves
+        owners = Counter(n.seg_id for n in self.nodes() if n.kind != PRIV)
+        assert owners == self.resident, (owners, self.resident)
         if self.capacity is not None:
             assert self.size <= self.capacity
 

@@ -48,7 +48,7 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     """Replay ``trace`` through one simulated engine; deterministic for a given input."""
     wall0 = time.perf_counter()
     capacity = kv_capacity(engine, profile, trace)
-    sched, evict, hints = make_policies(scheduler, eviction, knobs)
+    sched, evict, hints = make_policies(scheduler, eviction, knobs, requests=trace.requests)
     env = simpy.Environment()
     records: list[RequestRecord] = []
     done = env.event()

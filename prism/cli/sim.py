@@ -89,3 +89,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({s['profile']}); simulated in {s['wall_s']:.2f} s")
     print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
     return 0
+
+
+if __name__ == "__main__":
+    main()

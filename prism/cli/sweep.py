@@ -1,0 +1,99 @@
+"""``prism-sim sweep``: compare methods over QPS and seeds, in parallel, with a table, CSV files and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from prism.cli.common import table
+from prism.errors import UserError
+from prism.policies.registry import METHODS
+from prism.sim.plots import plot_sweep
+from prism.sim.settings import merge_flags, read_config, settings_from
+from prism.sim.sweep import Sweep, task_config
+from prism.traces.spec import is_materialized, resolve
+
+EPILOG = """\
+example:
+  prism-sim sweep --trace traces/zipf.yaml --methods sglang,klpm,contextpilot,prism --qps 40,50,60,70,80 --seeds 3
+
+Methods are presets (%s) or SCHEDULER+EVICTION pairs such as qas+lru. Seeds are the trace seed plus
+0..N-1 (prompts and arrivals change with the seed). Writes DIR/summary.csv (a row per run, as runs finish),
+DIR/aggregate.csv (mean and 95%% CI per method and QPS), DIR/runs/<method>/qps<Q>-seed<S>/ and the plots
+ttft_p99_vs_qps.png, ttft_p50_vs_qps.png, hit_rate_vs_qps.png and ttft_cdf_qps<Q>.png.
+""" % ", ".join(METHODS)
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--{what}: expected a comma-separated list of numbers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise UserError(f"--{what}: values must be > 0, got {text!r}")
+    return vals
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("--trace", required=True, help="trace spec (YAML) or built-in name 'zipf'")
+    p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
+    p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
+    p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU)")
+    p.add_argument("--no-belady", action="store_true", help="skip the Belady reference runs (halves the cost)")
+    p.add_argument("--cdf-qps", type=float, help="QPS of the TTFT CDF plot (default: the middle QPS)")
+    p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    qps = _floats(args.qps, "qps")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    base = merge_flags(read_config(args.config), args.overrides, profile=args.profile)
+    where = args.config or "settings"
+    for m in methods:  # validate every combination before starting workers
+        settings_from(task_config(base, m, qps[0], 0), where)
+    source = resolve(args.trace)
+    if is_materialized(source) and args.seeds > 1:
+        raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
+    first = settings_from(task_config(base, methods[0], qps[0], 0), where)
+    seed0 = 0
+    if not is_materialized(source):
+        from prism.traces.spec import load_spec
+
+        seed0 = int(getattr(load_spec(source, {k: v for k, v in first.trace_overrides.items()
+                                               if k not in ("qps", "seed")}), "seed"))
+        seed0 = int((base.get("trace") or {}).get("seed", seed0))
+    seeds = [seed0 + i for i in range(args.seeds)]
+    out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
+    sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
+                  workers=args.workers)
+    total = len(sweep.tasks())
+    bar = tqdm(total=total, unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
+    agg = sweep.run(on_done=lambda row: bar.update(1))
+    bar.close()
+    cdf = args.cdf_qps if args.cdf_qps is not None else sorted(qps)[len(qps) // 2]
+    plots = plot_sweep(out, agg, cdf)
+    rows = []
+    for a in sorted(agg, key=lambda a: (methods.index(a["method"]), a["qps"])):
+        rows.append([a["method"], a["qps"], f"{a['ttft_p50_s']:.3g} ± {a['ttft_p50_s_ci95']:.2g}",
+                     f"{a['ttft_p99_s']:.3g} ± {a['ttft_p99_s_ci95']:.2g}", f"{a['hit_rate']:.3f}",
+                     f"{a['belady_hit_rate']:.3f}" if "belady_hit_rate" in a else "-",
+                     f"{a['infinite_cache_hit_rate']:.3f}", f"{a['throughput_rps']:.1f}"])
+    print(table(rows, ["method", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_hit",
+                       "throughput_rps"]))
+    print(f"{total} runs; wrote {out / 'summary.csv'}, {out / 'aggregate.csv'} and "
+          f"{', '.join(p.name for p in plots)} in {out}")
+    return 0

@@ -1,0 +1,84 @@
+"""Sweep plots: TTFT percentiles and hit rate against QPS, and the TTFT distribution at one QPS."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _series(agg: list[dict[str, Any]], metric: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    out = {}
+    for method in dict.fromkeys(a["method"] for a in agg):
+        rows = sorted((a for a in agg if a["method"] == method and metric in a), key=lambda a: a["qps"])
+        out[method] = (np.array([a["qps"] for a in rows]), np.array([a[metric] for a in rows]),
+                       np.array([a.get(metric + "_ci95", 0.0) for a in rows]))
+    return out
+
+
+def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, extra=None,
+               infinite: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for method, (x, y, ci) in _series(agg, metric).items():
+        line = ax.errorbar(x, y, yerr=ci, marker="o", capsize=3, label=method)
+        if extra:
+            for ref_metric, style, name in extra:
+                ref = _series(agg, ref_metric).get(method)
+                if ref is not None and len(ref[0]):
+                    ax.plot(ref[0], ref[1], style, color=line[0].get_color(), alpha=0.6, label=f"{method} {name}")
+    if infinite:  # a property of the trace, the same for every method
+        by_qps: dict[float, list[float]] = {}
+        for a in agg:
+            if "infinite_cache_hit_rate" in a:
+                by_qps.setdefault(a["qps"], []).append(a["infinite_cache_hit_rate"])
+        xs = sorted(by_qps)
+        ax.plot(xs, [np.mean(by_qps[x]) for x in xs], "k:", label="infinite cache (trace order)")
+    ax.set_xlabel("offered load (QPS)")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> list[Path]:
+    paths = [
+        _line_plot(agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
+        _line_plot(agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
+        _line_plot(agg, "hit_rate", "KV hit rate (Σ hit / Σ prompt tokens)", out / "hit_rate_vs_qps.png",
+                   extra=[("belady_hit_rate", "--", "Belady")], infinite=True),
+    ]
+    if cdf_qps is not None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = False
+        for method_dir in sorted((out / "runs").glob("*")):
+            runs = sorted(method_dir.glob(f"qps{cdf_qps:g}-seed*"))
+            if not runs:
+                continue
+            with (runs[0] / "requests.csv").open() as f:
+                ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
+            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method_dir.name)
+            drawn = True
+        if drawn:
+            ax.set_xscale("log")
+            ax.set_xlabel("TTFT (s)")
+            ax.set_ylabel("fraction of requests")
+            ax.set_title(f"TTFT CDF at {cdf_qps:g} QPS (first seed)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            p = out / f"ttft_cdf_qps{cdf_qps:g}.png"
+            fig.savefig(p, dpi=120)
+            paths.append(p)
+        plt.close(fig)
+    return paths

@@ -1,0 +1,116 @@
+"""DART's order and protection set, DART without hints = LRU, and the Belady reference as a ceiling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import PRIV, REUSE, SYS, make_trace
+from prism.calibration.cost_model import load_profile
+from prism.policies.base import DemandHints
+from prism.policies.dart import DART, DARTConfig
+from prism.policies.eviction import LRU
+from prism.sim.engine import EngineConfig
+from prism.sim.radix_cache import RadixCache
+from prism.sim.run import simulate
+
+
+def insert(cache, segs, now):
+    """segs: [(kind, id, tokens)] -> insert the concatenation with its layout."""
+    key, layout, end = b"", [], 0
+    for kind, sid, toks in segs:
+        key += np.asarray(toks, dtype=np.int32).tobytes()
+        end += len(toks)
+        layout.append((end, kind, sid))
+    return cache.insert(key, now, layout)
+
+
+def hand_tree():
+    cache = RadixCache(None, 1, anchors=True)
+    s = (SYS, "sys", [1, 1])
+    insert(cache, [s, (REUSE, "hot", [2, 2, 2]), (PRIV, "q1", [3])], 1.0)
+    insert(cache, [s, (REUSE, "hot", [2, 2, 2]), (PRIV, "q2", [4, 4])], 2.0)
+    insert(cache, [s, (REUSE, "warm", [5, 5]), (PRIV, "q3", [6])], 3.0)
+    insert(cache, [s, (REUSE, "cold", [7, 7]), (REUSE, "warm2", [8]), (PRIV, "q4", [9])], 4.0)
+    return cache
+
+
+def test_dart_eviction_order_on_a_hand_built_tree():
+    cache = hand_tree()
+    hints = DemandHints()
+    hints.publish({"sys": 50.0, "hot": 40.0, "warm": 30.0, "warm2": 20.0, "cold": 1.0})
+    dart = DART(DARTConfig(f=2), hints)
+    dart.prepare(cache)
+    assert dart.protected == {"sys", "hot"}  # top-2 resident by P̂
+    order = []
+    dart.prepare(cache)
+    cache.evict(10**6, dart.key, lambda n: order.append(n.seg_id))
+    # private first (LRU: q1@1, q2@2, q3@3, q4@4), then reusable by P̂ (cold's leaf warm2=20 is the only
+    # reusable leaf, then cold=1 and warm=30 become leaves: cold first), then protected by LRU (hot@2, sys@4)
+    assert order == ["q1", "q2", "q3", "q4", "warm2", "cold", "warm", "hot", "sys"]
+    cache.check()
+
+
+def test_protected_set_is_the_top_f_resident():
+    cache = hand_tree()
+    hints = DemandHints()
+    hints.publish({"gone": 100.0, "hot": 40.0, "warm": 30.0, "sys": 10.0, "cold": 5.0})
+    for f in range(0, 6):
+        dart = DART(DARTConfig(f=f), hints)
+        dart.prepare(cache)
+        expected = [s for s in ["hot", "warm", "sys", "cold"]][:f]  # 'gone' is not resident
+        assert dart.protected == set(expected)
+        for n in cache.nodes():
+            tier = dart.tier(n)
+            if n.kind == PRIV:
+                assert tier == "private" and dart.key(n)[0] == 0
+            elif n.seg_id in expected:
+                assert tier == "protected" and dart.key(n) == (2, n.last_access)
+            else:
+                assert tier == "reusable" and dart.key(n) == (1, hints.priority.get(n.seg_id, 0.0), n.last_access)
+
+
+seq_lists = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(1, 3)),
+                     min_size=3, max_size=30)
+
+
+@settings(max_examples=80, deadline=None)
+@given(reqs=seq_lists, capacity=st.integers(10, 60))
+def test_dart_without_hints_evicts_exactly_as_lru(reqs, capacity):
+    caches = {"lru": RadixCache(capacity, 1, anchors=True), "dart": RadixCache(capacity, 1, anchors=True)}
+    policies = {"lru": LRU(), "dart": DART()}
+    evicted = {"lru": [], "dart": []}
+    for t, (passages, priv_len) in enumerate(reqs):
+        segs = [(SYS, "sys", [1, 1])] + [(REUSE, f"p{p}", [10 + p] * 3) for p in passages] + \
+               [(PRIV, f"q{t}", [100 + t] * priv_len)]
+        for name, cache in caches.items():
+            key = b"".join(np.asarray(x[2], dtype=np.int32).tobytes() for x in segs)
+            cache.match(key, float(t))
+            insert(cache, segs, float(t))
+            over = cache.size - capacity
+            if over > 0:
+                policies[name].prepare(cache)
+                cache.evict(over, policies[name].key, lambda n, name=name: evicted[name].append(n.id))
+    assert evicted["lru"] == evicted["dart"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=4, max_size=30),
+       slots=st.integers(4, 12))
+def test_belady_is_a_ceiling_for_online_policies(reqs, slots):
+    """Equal-size segments, one request at a time in FCFS order: no online policy beats furthest-in-future."""
+    seg = 8
+    specs = [(float(i), [(SYS, "sys", seg)] + [(REUSE, f"p{p}", seg) for p in dict.fromkeys(ps)]
+              + [(PRIV, f"q{i}", seg)], 1) for i, ps in enumerate(reqs)]
+    trace = make_trace(specs)
+    cfg = EngineConfig(max_total_tokens=slots * seg, max_running_requests=1)
+    profile = load_profile()
+    need = max(r.prompt_len for r in trace.requests)
+    if need > slots * seg:
+        return
+    rates = {e: simulate(trace, "fcfs", e, cfg, profile).summary["hit_rate"]
+             for e in ("belady", "lru", "lfu", "lru_active", "dart")}
+    for e, r in rates.items():
+        assert rates["belady"] >= r - 1e-12, rates
