@@ -1,0 +1,189 @@
+"""Fit the cost model's coefficients to measured engine iterations.
+
+Measurements CSV (one row per engine iteration; header required, extra columns ignored)::
+
+    kind,batch_size,new_tokens,cached_tokens,context_tokens,seconds
+    prefill,2,640;512,128;0,,0.0412
+    decode,32,,,26112,0.0135
+
+* ``kind``: ``prefill`` or ``decode``;
+* ``batch_size``: requests in the iteration;
+* ``new_tokens`` / ``cached_tokens`` (prefill): per-request values separated by ``;`` (exact), or batch totals
+  (then the attention term assumes the batch's requests are alike: ``N·(C + N/2) / B``); an optional
+  ``attention_pairs`` column gives ``Σ new_i·(cached_i + new_i/2)`` directly;
+* ``context_tokens`` (decode): Σ of the requests' context lengths;
+* ``seconds``: the iteration's measured time.
+
+SGLang's live mode (and any engine that logs per-iteration batch shapes) writes exactly this. The fit is a
+non-negative least squares on *relative* residuals (iteration times span orders of magnitude), separately for
+prefill ``(a_p, b_p, c_p)`` and decode ``(a_d, b_d, c_d)``; the report gives each kind's MAPE.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from prism.errors import UserError
+
+from prism.calibration.cost_model import CostModel
+
+REQUIRED = ("kind", "batch_size", "new_tokens", "cached_tokens", "context_tokens", "seconds")
+
+
+@dataclass
+class Measurements:
+    prefill_x: np.ndarray  # rows of (1, N_new, pairs)
+    prefill_y: np.ndarray
+    decode_x: np.ndarray  # rows of (1, B, Σctx)
+    decode_y: np.ndarray
+
+
+def _numbers(text: str, where: str, field: str) -> list[float]:
+    text = (text or "").strip()
+    if not text:
+        return []
+    try:
+        vals = [float(x) for x in text.split(";")]
+    except ValueError:
+        raise UserError(f"field {field!r}: not a number or ;-separated numbers: {text!r}", where) from None
+    if any(v < 0 or not np.isfinite(v) for v in vals):
+        raise UserError(f"field {field!r}: values must be finite and >= 0, got {text!r}", where)
+    return vals
+
+
+def read_measurements(path: str | Path) -> Measurements:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError("no such file", str(p))
+    px, py, dx, dy = [], [], [], []
+    with p.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            raise UserError("empty file", str(p))
+        missing = [c for c in REQUIRED if c not in reader.fieldnames]
+        if missing:
+            raise UserError(f"missing column {missing[0]!r} (needs {', '.join(REQUIRED)})", f"{p}:1")
+        for lineno, row in enumerate(reader, start=2):
+            where = f"{p}:{lineno}"
+            kind = (row["kind"] or "").strip()
+            if kind not in ("prefill", "decode"):
+                raise UserError(f"field 'kind': must be prefill or decode, got {kind!r}", where)
+            secs = _numbers(row["seconds"], where, "seconds")
+            bs = _numbers(row["batch_size"], where, "batch_size")
+            if len(secs) != 1 or secs[0] <= 0:
+                raise UserError("field 'seconds': must be one number > 0", where)
+            if len(bs) != 1 or bs[0] < 1:
+                raise UserError("field 'batch_size': must be one number >= 1", where)
+            b = bs[0]
+            if kind == "prefill":
+                new = _numbers(row["new_tokens"], where, "new_tokens")
+                cached = _numbers(row["cached_tokens"], where, "cached_tokens") or [0.0] * len(new)
+                if not new:
+                    raise UserError("field 'new_tokens': required for prefill rows", where)
+                if len(cached) != len(new):
+                    raise UserError("fields 'new_tokens' and 'cached_tokens' list different request counts", where)
+                pairs_col = _numbers(row.get("attention_pairs") or "", where, "attention_pairs")
+                if pairs_col:
+                    pairs = pairs_col[0]
+                elif len(new) > 1:
+                    pairs = sum(n * (c + n / 2) for n, c in zip(new, cached))
+                else:  # batch totals: assume alike requests
+                    pairs = new[0] * (cached[0] + new[0] / 2) / b
+                px.append((1.0, sum(new), pairs))
+                py.append(secs[0])
+            else:
+                ctx = _numbers(row["context_tokens"], where, "context_tokens")
+                if len(ctx) != 1:
+                    raise UserError("field 'context_tokens': required (one number) for decode rows", where)
+                dx.append((1.0, b, ctx[0]))
+                dy.append(secs[0])
+    if len(py) < 3 or len(dy) < 3:
+        raise UserError(f"needs at least 3 prefill and 3 decode rows, found {len(py)} and {len(dy)}", str(p))
+    return Measurements(np.array(px), np.array(py), np.array(dx), np.array(dy))
+
+
+@dataclass
+class FitReport:
+    cost: CostModel
+    mape_prefill: float
+    mape_decode: float
+    rows_prefill: int
+    rows_decode: int
+    pred_prefill: np.ndarray
+    pred_decode: np.ndarray
+
+
+def _relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # scale columns for conditioning, rows by 1/y for relative error
+    w = 1.0 / y
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    res = lsq_linear((x / scale) * w[:, None], y * w, bounds=(0, np.inf), method="bvls")
+    return res.x / scale
+
+
+def fit(m: Measurements, first_token_s: float = 0.0, name: str = "fitted") -> FitReport:
+    cp = _relative_nnls(m.prefill_x, m.prefill_y)
+    cd = _relative_nnls(m.decode_x, m.decode_y)
+    cost = CostModel(a_p=float(cp[0]), b_p=float(cp[1]), c_p=float(cp[2]), a_d=float(cd[0]), b_d=float(cd[1]),
+                     c_d=float(cd[2]), first_token_s=first_token_s, name=name)
+    pp, pd = m.prefill_x @ cp, m.decode_x @ cd
+    mape = lambda pred, y: float(np.mean(np.abs(pred - y) / y))  # noqa: E731
+    return FitReport(cost, mape(pp, m.prefill_y), mape(pd, m.decode_y), len(m.prefill_y), len(m.decode_y), pp, pd)
+
+
+def synthetic_measurements(cost: CostModel, rows: int, noise: float, seed: int = 0) -> list[dict[str, str]]:
+    """Iterations drawn like a serving run's, timed by ``cost`` with multiplicative Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(rows):
+        if i % 2 == 0:
+            b = int(rng.integers(1, 9))
+            new = np.exp(rng.uniform(0.0, np.log(2048), b)).astype(int) + 1  # log-uniform: short chunks too
+            cached = rng.integers(0, 2048, b) * (rng.random(b) < 0.6)
+            t = cost.prefill_time(new.tolist(), cached.tolist())
+            out.append({"kind": "prefill", "batch_size": str(b), "new_tokens": ";".join(map(str, new)),
+                        "cached_tokens": ";".join(map(str, cached)), "context_tokens": "",
+                        "seconds": repr(t * (1 + noise * rng.standard_normal()))})
+        else:
+            b = int(np.exp(rng.uniform(0.0, np.log(256))))
+            ctx = int(b * rng.integers(200, 4096))
+            t = cost.decode_time(b, ctx)
+            out.append({"kind": "decode", "batch_size": str(b), "new_tokens": "", "cached_tokens": "",
+                        "context_tokens": str(ctx), "seconds": repr(t * (1 + noise * rng.standard_normal()))})
+    return out
+
+
+def write_measurements(rows: list[dict[str, str]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(REQUIRED))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def residual_plot(report: FitReport, m: Measurements, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, pred, y, title in ((axes[0], report.pred_prefill, m.prefill_y, "prefill"),
+                               (axes[1], report.pred_decode, m.decode_y, "decode")):
+        ax.scatter(y * 1e3, (pred - y) / y * 100, s=8)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("measured iteration time (ms)")
+        ax.set_ylabel("relative residual (%)")
+        mape = report.mape_prefill if title == "prefill" else report.mape_decode
+        ax.set_title(f"{title}: MAPE {mape * 100:.2f}% over {len(y)} iterations")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,1 @@
+"""Service-rate model, M/G/1 approximation, Theorem 1 check and knee prediction."""

@@ -1,0 +1,181 @@
+"""The queueing model of an engine with prefix reuse (DESIGN §7).
+
+A *wave* of M̄ requests (the requests that run together) is served in::
+
+    S_wave ≈ M̄·L·(1−h)/R_pf + overhead
+
+where L is the prompt length, h the exact-prefix hit rate and R_pf the prefill rate (tokens/s); overhead is
+what the wave spends besides computing uncached prompt tokens (prefill launches and the decode steps).
+Requests are served at ``μ = M̄ / E[S_wave]``. For two policies with equal M̄, L, R_pf and no overhead,
+``μ1/μ0 = (1−h0)/(1−h1)``; with any fixed overhead, μ still grows strictly with h.
+
+**Theorem 1.** With M̄, L, R_pf and the overhead fixed, ``μ_1 ≥ μ_0`` iff ``h_1 ≥ h_0``, with equality iff
+``h_1 = h_0``. (S_wave is strictly decreasing in h because M̄·L/R_pf > 0.)
+
+Admission delay is approximated by an M/G/1 queue (Pollaczek–Khinchine) whose per-request service time is
+the request's share of its wave, with moments from the cost model and the trace's prompt lengths; TTFT ≈
+wait + the request's own prefill + first-token latency. The largest stable arrival rate (the *knee*) is μ.
+
+Only plain numbers come in: the step-cost coefficients (``a_p, b_p, c_p, a_d, b_d, c_d``, e.g. a
+:class:`~prism.calibration.cost_model.CostModel`) and arrays of prompt lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class StepCosts(Protocol):
+    a_p: float
+    b_p: float
+    c_p: float
+    a_d: float
+    b_d: float
+    c_d: float
+    first_token_s: float
+
+
+# ---------------------------------------------------------------- the wave model and Theorem 1
+def wave_service_time(m: float, length: float, h: float, r_pf: float, overhead: float = 0.0) -> float:
+    """S_wave = M̄·L·(1−h)/R_pf + overhead."""
+    return m * length * (1.0 - h) / r_pf + overhead
+
+
+def service_rate(m: float, length: float, h: float, r_pf: float, overhead: float = 0.0) -> float:
+    """μ = M̄ / S_wave (requests per second)."""
+    return m / wave_service_time(m, length, h, r_pf, overhead)
+
+
+def rate_ratio(h0: float, h1: float) -> float:
+    """μ1/μ0 = (1−h0)/(1−h1) for equal M̄, L, R_pf and no overhead."""
+    return (1.0 - h0) / (1.0 - h1)
+
+
+def theorem1(h0: float, h1: float, m: float, length: float, r_pf: float, overhead: float = 0.0) -> tuple[float, float, bool]:
+    """(μ0, μ1, whether the theorem's statement holds for these numbers)."""
+    mu0 = service_rate(m, length, h0, r_pf, overhead)
+    mu1 = service_rate(m, length, h1, r_pf, overhead)
+    holds = ((mu1 >= mu0) == (h1 >= h0)) and ((mu1 == mu0) == (h1 == h0))
+    return mu0, mu1, holds
+
+
+# ---------------------------------------------------------------- M/G/1
+def mg1_wait(lam: float, es: float, es2: float) -> float:
+    """Pollaczek–Khinchine mean wait in queue: λ·E[S²] / (2(1−ρ)); infinite when ρ ≥ 1."""
+    rho = lam * es
+    if rho >= 1.0:
+        return math.inf
+    return lam * es2 / (2.0 * (1.0 - rho))
+
+
+def mg1_wait_quantile(lam: float, es: float, es2: float, q: float) -> float:
+    """q-quantile of the wait, with the usual approximation: an atom of 1−ρ at zero and an exponential tail
+    whose mean makes the overall mean the P-K value."""
+    rho = lam * es
+    if rho >= 1.0:
+        return math.inf
+    if q <= 1.0 - rho or rho == 0.0:
+        return 0.0
+    tail_mean = mg1_wait(lam, es, es2) / rho
+    return -tail_mean * math.log((1.0 - q) / rho)
+
+
+# ---------------------------------------------------------------- an engine as a queue
+@dataclass
+class EngineQueue:
+    """The engine as one server whose customers are requests, each costing its share of a wave.
+
+    ``wave``: M̄, requests that run together (at saturation: the running-request limit or what the KV cache
+    holds); ``chunk``: new tokens per prefill iteration.
+    """
+
+    costs: StepCosts
+    prompt_lengths: np.ndarray
+    output_len: float
+    hit_rate: float
+    wave: float
+    chunk: float = 8192.0
+
+    def __post_init__(self) -> None:
+        self.prompt_lengths = np.asarray(self.prompt_lengths, dtype=float)
+        if not 0.0 <= self.hit_rate < 1.0:
+            raise ValueError("hit_rate must be in [0, 1)")
+        if self.wave < 1:
+            raise ValueError("wave must be >= 1")
+
+    @property
+    def mean_length(self) -> float:
+        return float(self.prompt_lengths.mean())
+
+    def prefill_rate(self) -> float:
+        """R_pf: new prompt tokens per second, attention included (cached share h at the front)."""
+        c, h, length = self.costs, self.hit_rate, self.mean_length
+        per_token = c.b_p + c.c_p * (h * length + (1.0 - h) * length / 2.0)
+        return 1.0 / per_token
+
+    def wave_overhead(self) -> float:
+        """Prefill launches of the wave plus its decode steps (output_len − 1 of them)."""
+        c, m, length, o = self.costs, self.wave, self.mean_length, self.output_len
+        batches = max(1.0, m * length * (1.0 - self.hit_rate) / self.chunk)
+        decode = (o - 1.0) * (c.a_d + c.b_d * m + c.c_d * m * (length + o / 2.0))
+        return c.a_p * batches + decode
+
+    def service_times(self) -> np.ndarray:
+        """Per-request service: own uncached tokens at R_pf plus a 1/M̄ share of the wave's overhead."""
+        new = self.prompt_lengths * (1.0 - self.hit_rate)
+        c, h = self.costs, self.hit_rate
+        own = new * c.b_p + c.c_p * new * (h * self.prompt_lengths + new / 2.0)
+        return own + self.wave_overhead() / self.wave
+
+    def moments(self) -> tuple[float, float]:
+        s = self.service_times()
+        return float(s.mean()), float((s ** 2).mean())
+
+    def service_rate(self) -> float:
+        """μ = M̄ / E[S_wave] = 1 / E[s]: the knee, the largest stable arrival rate."""
+        return 1.0 / self.moments()[0]
+
+    def utilisation(self, lam: float) -> float:
+        return lam / self.service_rate()
+
+    def own_prefill(self) -> float:
+        """The request's own prefill iteration at low load (alone in its batch)."""
+        c, h, length = self.costs, self.hit_rate, self.mean_length
+        new = length * (1.0 - h)
+        return c.a_p + c.b_p * new + c.c_p * new * (h * length + new / 2.0)
+
+    def ttft(self, lam: float, q: float | None = None) -> float:
+        """Mean TTFT (q=None) or its q-quantile: M/G/1 wait + own prefill + first-token latency."""
+        es, es2 = self.moments()
+        wait = mg1_wait(lam, es, es2) if q is None else mg1_wait_quantile(lam, es, es2, q)
+        return wait + self.own_prefill() + self.costs.first_token_s
+
+    def throughput(self, lam: float) -> float:
+        return min(lam, self.service_rate())
+
+
+def wave_size(max_running: int, kv_capacity: float, prompt_len: float, output_len: float) -> float:
+    """M̄ at saturation: the running-request limit, or as many requests as the KV cache holds."""
+    return float(max(1.0, min(max_running, kv_capacity // (prompt_len + output_len))))
+
+
+def theorem1_grid(h_values: Sequence[float], m_values: Sequence[float], l_values: Sequence[float],
+                  r_values: Sequence[float], overheads: Sequence[float] = (0.0,)) -> dict[str, int]:
+    """Check Theorem 1 on every combination; counts of cases, holds, and exact ratio matches (no overhead)."""
+    cases = holds = ratio_ok = 0
+    for h0 in h_values:
+        for h1 in h_values:
+            for m in m_values:
+                for length in l_values:
+                    for r in r_values:
+                        for ov in overheads:
+                            mu0, mu1, ok = theorem1(h0, h1, m, length, r, ov)
+                            cases += 1
+                            holds += ok
+                            if ov == 0.0:
+                                ratio_ok += math.isclose(mu1 / mu0, rate_ratio(h0, h1), rel_tol=1e-12)
+    return {"cases": cases, "holds": holds, "ratio_matches": ratio_ok}
