@@ -37,6 +37,7 @@ class WaitingRequest(Protocol):
     segments: tuple[Segment, ...]  # the current order (after any realignment)
     key: bytes  # serialized prompt as int32 bytes
     prompt_len: int
+    fixed_order: bool  # True: the reusable segments must keep their order (no alignment)
 
 
 @runtime_checkable

@@ -158,8 +158,11 @@ class ContextPilot(Scheduler):
         if got is None:
             ctx = tuple(s.id for s in r.segments if s.kind == REUSE)
             path, node = search(self.root, ctx)
-            first = tuple(d for d in node.docs if d in set(ctx))
-            aligned = first + tuple(d for d in ctx if d not in set(first))
+            if getattr(r, "fixed_order", False):
+                aligned = ctx  # grouped like the others, but its segments keep their order
+            else:
+                first = tuple(d for d in node.docs if d in set(ctx))
+                aligned = first + tuple(d for d in ctx if d not in set(first))
             got = (path, aligned)
             self._memo[r.id] = got
         return got

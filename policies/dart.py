@@ -19,6 +19,7 @@ while staying a small fraction of a cache that holds hundreds of segments.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from prism.config import nonneg
@@ -40,26 +41,21 @@ class DART(EvictionPolicy):
         super().__init__(hints)
         self.config = config or DARTConfig()
         self.protected: frozenset[str] = frozenset()
-        self._ranked: list[str] = []  # published segments by descending P̂ (ties by id)
         self._version = -1
 
     def prepare(self, cache: ResidentIndex) -> None:
-        """Refresh F = the top-f resident segments by P̂ (the ranking is redone only when P̂ changes)."""
+        """F = the top-f resident segments by P̂, ties by id (recomputed when P̂ or residency changes)."""
         prio, f = self.hints.priority, self.config.f
         if not prio or f == 0:
             self.protected = frozenset()
             return
-        if self._version != self.hints.version:
-            self._ranked = sorted(prio, key=lambda s: (-prio[s], s))
-            self._version = self.hints.version
         resident = cache.resident
-        top = []
-        for s in self._ranked:
-            if s in resident:
-                top.append(s)
-                if len(top) == f:
-                    break
-        self.protected = frozenset(top)
+        if self._version == self.hints.version and all(s in resident for s in self.protected):
+            return
+        self._version = self.hints.version
+        small, large = (resident, prio) if len(resident) < len(prio) else (prio, resident)
+        candidates = [(-prio[s], s) for s in small if s in large]
+        self.protected = frozenset(s for _, s in heapq.nsmallest(f, candidates))
 
     def key(self, node: NodeView) -> tuple:
         prio = self.hints.priority

@@ -79,6 +79,7 @@ class QAS(Scheduler):
         active = ctx.hints.active if ctx.hints is not None else Counter()
         known = self._skeletons
         skeletons = [known.get(r.id) or self._skeleton(r) for r in waiting]
+        fixed = [getattr(r, "fixed_order", False) for r in waiting]
 
         # counters: g(r) over the queue, a(r) from the engine, n(r) from last round's prediction
         g = Counter(chain.from_iterable(skeletons))
@@ -96,7 +97,7 @@ class QAS(Scheduler):
         ranked = sorted(prio)
         ranked.sort(key=prio.__getitem__, reverse=True)
         rank = dict(zip(ranked, range(len(ranked))))
-        aligner = _Aligner(skeletons, rank, cfg.f_front)
+        aligner = _Aligner(skeletons, rank, cfg.f_front, fixed)
 
         # 2. signatures: the first kappa segments of the aligned prompt; buckets filled oldest first
         age = [(r.arrival, r.id) for r in waiting]
@@ -108,10 +109,13 @@ class QAS(Scheduler):
             sk = skeletons[i]
             if len(sk) <= 1:
                 sig = sk
-            elif fast:
-                sig = (min(sk, key=by_rank),) if kappa == 1 else tuple(sorted(sk, key=by_rank)[:kappa])
-            else:
-                sig = aligner.aligned(i)[:kappa]
+            elif kappa == 1:
+                sig = (min(sk, key=by_rank),)
+            elif fast and not fixed[i]:  # aligned order starts with the top kappa, best first
+                sig = tuple(sorted(sk, key=by_rank)[:kappa])
+            else:  # the top kappa, in their order in the (possibly unaligned) prompt
+                top = set(sorted(sk, key=by_rank)[:kappa])
+                sig = tuple(s for s in aligner.aligned(i) if s in top)
             buckets[sig].append(i)
 
         # 4a. cold lane: the q_cold oldest waiting requests, FIFO
@@ -162,7 +166,9 @@ class QAS(Scheduler):
         for r in rest[:len(admitted)]:
             nxt.update(aligner.skeletons[index[r.id]])
         self.next_counter = nxt
-        published = {r: p + cfg.w_n * dispatched.get(r, 0) for r, p in rnd["base"].items()}
+        published = rnd["base"].copy()
+        for r, c in dispatched.items():
+            published[r] = published.get(r, 0.0) + cfg.w_n * c
         published["sys"] = (cfg.w_a * rnd["active"].get("sys", 0) + cfg.w_n * dispatched.get("sys", 0)
                             + cfg.w_g * len(rnd["order"]))
         if ctx.hints is not None:
@@ -176,10 +182,12 @@ class QAS(Scheduler):
 class _Aligner:
     """Front alignment on demand: the engine only needs it for the requests it admits."""
 
-    def __init__(self, skeletons: list[tuple[str, ...]], rank: dict[str, int], f_front: int) -> None:
+    def __init__(self, skeletons: list[tuple[str, ...]], rank: dict[str, int], f_front: int,
+                 fixed: list[bool]) -> None:
         self.skeletons = skeletons
         self.rank = rank
         self.f = f_front
+        self.fixed = fixed
         self._done: dict[int, tuple[str, ...]] = {}
 
     def aligned(self, i: int) -> tuple[str, ...]:
@@ -187,7 +195,7 @@ class _Aligner:
         got = self._done.get(i)
         if got is None:
             sk = self.skeletons[i]
-            if self.f <= 0 or len(sk) < 2:
+            if self.f <= 0 or len(sk) < 2 or self.fixed[i]:
                 got = sk
             else:
                 ranked = sorted(sk, key=self.rank.__getitem__)

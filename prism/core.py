@@ -9,8 +9,9 @@ tree share exactly what is meant to be shared:
 * two different segments never share their first token.
 
 The tokens themselves carry no meaning in the simulator; :class:`SegmentTable` gives every new id the next
-free *first token* and fills the rest with a counter-based hash of the id, so a trace file only has to store
-ids, lengths and first tokens (or explicit tokens, when a real tokenizer produced them).
+free *first token* and fills the rest from a fixed pseudo-random stream at an offset hashed from the id, so a
+trace file only has to store ids, lengths and first tokens (or explicit tokens, when a real tokenizer produced
+them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FIRST_TOKEN_BASE = 1
 BULK_LOW = 1 << 20
 BULK_HIGH = 1 << 30
 
+_POOL_SIZE = 1 << 20
+_pool: list[np.ndarray] = []
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -49,6 +52,17 @@ def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: 
         x = (x ^ (x >> np.uint64(27))) * _M2
         x = x ^ (x >> np.uint64(31))
     return (low + (x % np.uint64(high - low))).astype(np.int32)
+
+
+def _bulk(seed: int, count: int) -> np.ndarray:
+    """A segment's tokens after the first: a window of a fixed pseudo-random pool, placed by the id's hash
+    (cheap for traces with 10^5 segments; windows may overlap, harmlessly, since first tokens differ)."""
+    if count > _POOL_SIZE // 2:
+        return hashed_tokens(seed, 1, count)
+    if not _pool:
+        _pool.append(hashed_tokens(0x5EED, 0, _POOL_SIZE))
+    start = seed % (_POOL_SIZE - count)
+    return _pool[0][start:start + count]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -120,7 +134,7 @@ class SegmentTable:
             tokens = np.empty(length, dtype=np.int32)
             if length:
                 tokens[0] = self._first[seg_id]
-                tokens[1:] = hashed_tokens(stable_hash(seg_id), 1, length - 1)
+                tokens[1:] = _bulk(stable_hash(seg_id), length - 1)
         tokens.flags.writeable = False
         seg = Segment(self._kind[seg_id], seg_id, tokens)
         self._cache[key] = seg
@@ -143,9 +157,11 @@ class SegmentTable:
 class Request:
     """One request of a trace: what the client sends, never changed by a run.
 
-    ``segments`` is the trace's own order: one ``sys`` first, reusable segments, one ``priv`` last
-    (agent traces may carry several reusable segments of history; the rule is only that the private suffix
-    ends the prompt). ``session`` groups the turns of an agent conversation.
+    ``segments`` is the trace's own order: at most one ``sys`` (first), reusable segments, and a private
+    suffix last (an agent turn's history also holds the earlier, private messages of its session).
+    ``session`` groups the turns of an agent conversation. ``fixed_order`` marks prompts whose reusable
+    segments must not be reordered (conversation history, contiguous document blocks): schedulers that align
+    prompts leave them as they are.
     """
 
     id: int
@@ -153,6 +169,7 @@ class Request:
     segments: tuple[Segment, ...]
     output_len: int
     session: str | None = None
+    fixed_order: bool = False
 
     @property
     def prompt_len(self) -> int:

@@ -49,7 +49,7 @@ class EngineConfig:
 class Seq:
     """A request inside the engine: the trace request plus its current prompt order and timestamps."""
 
-    __slots__ = ("req", "id", "arrival", "output_len", "segments", "key", "layout", "prompt_len", "sent",
+    __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "segments", "key", "layout", "prompt_len", "sent",
                  "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
                  "finish_step", "lane", "realigned")
 
@@ -58,6 +58,7 @@ class Seq:
         self.id = req.id
         self.arrival = req.arrival
         self.output_len = req.output_len
+        self.fixed_order = req.fixed_order
         self.set_segments(req.segments)
         self.sent = self.prefill_start = self.prefill_end = self.first_token = self.finish = -1.0
         self.hit = 0
@@ -74,7 +75,11 @@ class Seq:
         self.prompt_len = len(self.key) // TOKEN_BYTES
 
     def realign(self, skeleton: tuple[str, ...]) -> bool:
-        """Put the reusable segments in ``skeleton`` order (same multiset); True if the order changed."""
+        """Put the reusable segments in ``skeleton`` order (same multiset); True if the order changed.
+
+        Only prompts made of sys + reusable + one private suffix can be realigned."""
+        if self.fixed_order:
+            return False
         reuse = {s.id: s for s in self.segments if s.kind not in ("sys", PRIV)}
         if tuple(reuse) == tuple(skeleton):
             return False

@@ -69,11 +69,16 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     bar.close()
 
     counters = dict(sorted({**eng.counters, **sched.stats()}.items()))
+    if qps is None:
+        qps = trace.spec.get("qps")
+    if qps is None:  # a replayed trace at its own timestamps: report its measured rate
+        arr = [r.arrival for r in trace.requests]
+        qps = round((len(arr) - 1) / (arr[-1] - arr[0]), 6) if len(arr) > 1 and arr[-1] > arr[0] else 0.0
     summary = {
         "method": label or f"{scheduler}+{eviction}",
         "scheduler": scheduler,
         "eviction": eviction,
-        "qps": qps if qps is not None else trace.spec.get("qps"),
+        "qps": qps,
         "seed": trace.spec.get("seed"),
         "trace_kind": trace.kind,
         **summarize(records, engine.warmup_requests),

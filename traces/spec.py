@@ -10,16 +10,18 @@ from typing import Any, Callable
 from prism.config import build, load_yaml
 from prism.errors import UserError
 
+from prism.traces import agent, mooncake, zipf
 from prism.traces import trace as trace_format
-from prism.traces import zipf
 from prism.traces.trace import Trace
 
 #: kind -> (spec dataclass, generator)
 GENERATORS: dict[str, tuple[type, Callable[[Any], Trace]]] = {
     "zipf_hotspot": (zipf.ZipfHotspotSpec, zipf.generate),
+    "agent": (agent.AgentSpec, agent.generate),
+    "mooncake": (mooncake.MooncakeSpec, mooncake.generate),
 }
 
-BUILTIN = {"zipf": "zipf.yaml"}
+BUILTIN = {"zipf": "zipf.yaml", "multihop": "multihop.yaml", "agent": "agent.yaml", "mooncake": "mooncake.yaml"}
 
 
 def resolve(source: str) -> Path:

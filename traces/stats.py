@@ -13,37 +13,61 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from prism.core import PRIV, REUSE, Request
+from prism.core import PRIV, REUSE, Request, Segment
 
 
 class _SegNode:
-    __slots__ = ("children",)
+    __slots__ = ("children", "by_first")
 
     def __init__(self) -> None:
-        self.children: dict[str, dict[int, _SegNode]] = {}
+        # segment id -> length -> (child, segment)
+        self.children: dict[str, dict[int, tuple["_SegNode", Segment]]] = {}
+        self.by_first: dict[int, list[Segment]] = {}  # children's segments by their first token
 
 
-def infinite_cache_hits(requests: Sequence[Request], keep_last_token: bool = True) -> list[int]:
-    """Per request, in order: tokens of its prompt that earlier prompts already cover.
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
 
-    ``keep_last_token``: like an engine, at least one prompt token is always computed.
+
+def infinite_cache_hits(requests: Sequence[Request], keep_last_token: bool = True,
+                        unit: str = "tokens") -> list[int]:
+    """Per request, in order: how much of its prompt earlier prompts already cover.
+
+    ``unit="tokens"`` counts tokens (with ``keep_last_token``, at least one prompt token is always computed,
+    as in an engine); ``unit="segments"`` counts whole leading segments (Mooncake's block hit rate).
+    Where a prompt leaves the tree, a segment that shares leading tokens with a sibling (text-derived tokens
+    can) is credited those tokens; a match running on past such a partial segment is not counted.
     """
+    return [t if unit == "tokens" else s for t, s in _walk(requests, keep_last_token)]
+
+
+def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tuple[int, int]]:
+    """(token hit, whole-segment hit) per request: see :func:`infinite_cache_hits`."""
     root = _SegNode()
     hits = []
     for r in requests:
-        node, hit, matching = root, 0, True
+        node, hit, segs, matching = root, 0, 0, True
         for seg in r.segments:
             by_len = node.children.setdefault(seg.id, {})
             if matching:
                 if seg.length in by_len:
                     hit += seg.length
+                    segs += 1
                 else:
-                    hit += max((min(n, seg.length) for n in by_len), default=0)
+                    same_first = node.by_first.get(int(seg.tokens[0]), ()) if seg.length else ()
+                    hit += max((_lcp(seg.tokens, other.tokens) for other in same_first), default=0)
                     matching = False
-            node = by_len.setdefault(seg.length, _SegNode())
+            entry = by_len.get(seg.length)
+            if entry is None:
+                entry = by_len[seg.length] = (_SegNode(), seg)
+                if seg.length:
+                    node.by_first.setdefault(int(seg.tokens[0]), []).append(seg)
+            node = entry[0]
         if keep_last_token:
             hit = min(hit, r.prompt_len - 1)
-        hits.append(hit)
+        hits.append((hit, segs))
     return hits
 
 
@@ -81,8 +105,11 @@ def trace_stats(trace) -> dict[str, Any]:
                                   "p99": float(np.percentile(reuse_counts, 99)), "max": int(reuse_counts.max()),
                                   "used_once": int((reuse_counts == 1).sum())},
         "mean_qps": (len(reqs) - 1) / span if span > 0 else 0.0,
-        "infinite_cache_hit_rate": infinite_cache_hit_rate(reqs),
+        "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
     }
+    if trace.kind == "mooncake":
+        total = sum(len(r.segments) for r in reqs)
+        out["infinite_cache_block_hit_rate"] = sum(s for _, s in _walk(reqs)) / total
     if hot:
         out["hot_fraction"] = float(np.mean([any(s.id in hot for s in r.segments) for r in reqs]))
     return out

@@ -10,7 +10,7 @@ Format (one JSON object per line, UTF-8):
 3. one line per request, in arrival order:
    ``{"id": 0, "t": 0.0123, "segs": [["sys", 96], ["p17", 128], ..., ["q0", 31]], "out": 32}``
    (``t`` in seconds; each segment used with its length, a prefix of the segment's tokens; optional
-   ``"session"``).
+   ``"session"``, and ``"fixed": true`` for prompts whose segments must keep their order).
 
 Loading checks every line and names the file and line of the first problem.
 """
@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from prism.core import KINDS, PRIV, REUSE, SYS, Request, Segment, SegmentTable
+from prism.core import KINDS, SYS, Request, Segment, SegmentTable
 from prism.errors import UserError
 
 FORMAT_VERSION = 1
@@ -51,7 +51,8 @@ class Trace:
         return len(self.requests)
 
     def with_arrivals(self, times: np.ndarray) -> "Trace":
-        reqs = [Request(r.id, float(t), r.segments, r.output_len, r.session) for r, t in zip(self.requests, times)]
+        reqs = [Request(r.id, float(t), r.segments, r.output_len, r.session, r.fixed_order)
+                for r, t in zip(self.requests, times)]
         return Trace(reqs, self.table, self.kind, self.spec, self.meta)
 
     def rescaled(self, qps: float) -> "Trace":
@@ -88,6 +89,8 @@ def save(trace: Trace, path: str | Path) -> None:
                     "out": r.output_len}
             if r.session is not None:
                 line["session"] = r.session
+            if r.fixed_order:
+                line["fixed"] = True
             f.write(json.dumps(line) + "\n")
 
 
@@ -146,7 +149,7 @@ def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
 
 
 def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Request]) -> Request:
-    unknown = set(obj) - {"id", "t", "segs", "out", "session"}
+    unknown = set(obj) - {"id", "t", "segs", "out", "session", "fixed"}
     if unknown:
         raise UserError(f"unknown field {sorted(unknown)[0]!r}", where)
     rid, t, segs, out = obj.get("id"), obj.get("t"), obj.get("segs"), obj.get("out")
@@ -173,16 +176,14 @@ def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Req
             raise UserError(str(e), where) from None
     check_layout(segments, where)
     session = obj.get("session")
-    return Request(rid, float(t), tuple(segments), out, None if session is None else str(session))
+    fixed = obj.get("fixed", False)
+    if not isinstance(fixed, bool):
+        raise UserError("field 'fixed': must be true or false", where)
+    return Request(rid, float(t), tuple(segments), out, None if session is None else str(session), fixed)
 
 
 def check_layout(segments: Iterable[Segment], where: str) -> None:
-    """A prompt is sys, reusable..., priv: at most one sys (first), exactly one priv (last)."""
-    segs = list(segments)
-    kinds = [s.kind for s in segs]
-    if kinds[-1] != PRIV or kinds.count(PRIV) != 1:
-        raise UserError("a prompt must end with exactly one private ('priv') segment", where)
+    """At most one system segment, and it comes first."""
+    kinds = [s.kind for s in segments]
     if SYS in kinds[1:]:
         raise UserError("the system ('sys') segment must come first", where)
-    if any(k not in (SYS, REUSE, PRIV) for k in kinds):
-        raise UserError("unknown segment kind", where)

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     s = result.summary
     s["trace"] = args.trace
     out = Path(args.out) if args.out else (
-        Path("runs") / Path(args.trace).stem / f"{settings.label}-qps{qps:g}-seed{s['seed']}")
+        Path("runs") / Path(args.trace).stem / f"{settings.label}-qps{s['qps']:g}-seed{s['seed']}")
     out.mkdir(parents=True, exist_ok=True)
     write_requests_csv(result.records, out / "requests.csv")
     write_json(s, out / "summary.json")
@@ -87,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill p50 {s['t_prefill_s']['p50']:.3f} s; {c.get('prefill_iterations', 0)} prefill and "
           f"{c.get('decode_iterations', 0)} decode iterations; KV capacity {s['kv_capacity_tokens']} tokens "
           f"({s['profile']}); simulated in {s['wall_s']:.2f} s")
+    if s["throughput_rps"] < 0.9 * s["qps"]:
+        print(f"note: the engine serves {s['throughput_rps']:.1f} requests/s of the {s['qps']:g} offered: it is "
+              "overloaded, and TTFT grows with the length of the trace (see prism-theory for the knee)")
+    mean_len = s["prompt_tokens"] / max(s["measured_requests"], 1)
+    if s["kv_capacity_tokens"] < 4 * mean_len:
+        print(f"note: the KV cache ({s['kv_capacity_tokens']} tokens) holds fewer than 4 mean prompts "
+              f"({mean_len:.0f} tokens); consider --set engine.max_total_tokens=null (the GPU's capacity)")
     print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
     return 0
 

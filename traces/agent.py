@@ -1,0 +1,246 @@
+"""Agent traffic from τ-bench: each request is one LLM call of an agent session (``kind: agent``).
+
+A session is a real τ-bench task (its user and the tool calls it makes) in the airline or retail domain. Its
+k-th request (k = 0..calls) has the prompt::
+
+    [system + domain policy]  [tool schemas]  [user's database record]  [history]  [new user message]
+     sys, shared by domain     reusable,        reusable, shared by the    earlier    private
+                               shared by domain user's sessions            turns
+
+where the history holds, for each earlier call, the user message, the agent's tool call, and the tool's
+observation. Observations are looked up deterministically in the domain database (a reservation, an order,
+a user, flights on a route, ...) and are reusable segments: two sessions that make the same lookup share its
+tokens. The history grows by construction, so request k+1's prompt starts with request k's prompt. Prompts
+keep their order (``fixed_order``): history cannot be reordered.
+
+Messages are the task instruction's sentences, one per call (then short confirmations). Segment ids are
+content hashes, so equal text is one segment with one token sequence. Tokens come from a deterministic local
+tokenizer unless ``tokenizer`` names a local Hugging Face tokenizer directory.
+
+Requests interleave ``concurrent_sessions`` live sessions (a finished session is replaced by the next task;
+tasks are drawn in shuffled passes over the chosen domains). The order of requests comes from the content
+stream; arrival times from the arrival stream (Poisson by default), so changing the QPS never changes a
+prompt. A session ends early when its next prompt would exceed ``max_prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prism.config import choice, positive
+from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
+from prism.errors import UserError
+
+from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.tokenizer import get_tokenizer
+from prism.traces.trace import Trace
+
+DOMAINS = ("airline", "retail")
+TABLES = {"airline": ("users", "reservations", "flights"), "retail": ("users", "orders", "products")}
+SYSTEM = ("You are a customer service agent for the {domain} domain. Follow the policy below and call the "
+          "tools described to help the user.\n\n")
+CONFIRMATIONS = ("Yes, please go ahead.", "Okay, that works for me.", "Yes, I confirm.", "Sounds good, thanks.",
+                 "Please continue.", "That is correct.")
+
+
+@dataclass
+class AgentSpec:
+    kind: str = "agent"
+    seed: int = 0
+    num_requests: int = positive(2048, "requests (agent LLM calls) in the trace")
+    qps: float = positive(40.0, "mean arrival rate, requests/s")
+    arrival: str = choice("poisson", ("poisson", "gamma", "azure_code", "azure_conv"), "arrival process")
+    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
+    output_len: int = positive(32, "decode budget per call")
+    domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
+    data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
+    concurrent_sessions: int = positive(16, "sessions whose calls interleave")
+    max_prompt_tokens: int = positive(40960, "end a session before a prompt would exceed this")
+    tokenizer: str | None = None  # a local Hugging Face tokenizer directory; default: the local tokenizer
+    vocab_size: int = positive(32000, "local tokenizer vocabulary")
+
+
+# ---------------------------------------------------------------- the domain database
+class Domain:
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name = name
+        try:
+            self.policy = (folder / "policy.md").read_text()
+            self.tools = json.loads((folder / "tools.json").read_text())
+            self.tasks = json.loads((folder / "tasks_test.json").read_text())
+            self.db = {t: json.loads((folder / f"{t}.json").read_text()) for t in TABLES[name]}
+        except FileNotFoundError as e:
+            raise UserError("τ-bench data not found (set data_path)", str(e.filename)) from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"invalid JSON ({e.msg})", str(folder)) from None
+
+    def observe(self, name: str, kwargs: dict[str, Any]) -> Any:
+        """The tool's result, deterministic: a database lookup, or the touched records for a write."""
+        db = self.db
+        if name == "get_user_details":
+            return db["users"].get(kwargs.get("user_id"), {"error": "user not found"})
+        if name == "get_reservation_details":
+            return db["reservations"].get(kwargs.get("reservation_id"), {"error": "reservation not found"})
+        if name == "get_order_details":
+            return db["orders"].get(kwargs.get("order_id"), {"error": "order not found"})
+        if name == "get_product_details":
+            return db["products"].get(kwargs.get("product_id"), {"error": "product not found"})
+        if name == "search_direct_flight":
+            date = kwargs.get("date")
+            return [{**{k: v for k, v in f.items() if k != "dates"}, "date": date, **(f["dates"].get(date) or {})}
+                    for f in db["flights"].values()
+                    if f["origin"] == kwargs.get("origin") and f["destination"] == kwargs.get("destination")
+                    and date in f["dates"]]
+        if name == "find_user_id_by_email":
+            return next((u for u, rec in db["users"].items() if rec.get("email") == kwargs.get("email")),
+                        "Error: user not found")
+        if name == "find_user_id_by_name_zip":
+            for u, rec in db["users"].items():
+                n, a = rec.get("name", {}), rec.get("address", {})
+                if (n.get("first_name"), n.get("last_name"), a.get("zip")) == (
+                        kwargs.get("first_name"), kwargs.get("last_name"), kwargs.get("zip")):
+                    return u
+            return "Error: user not found"
+        if name == "list_all_product_types":
+            return {p["name"]: pid for pid, p in db["products"].items()}
+        if name == "calculate":
+            return _calculate(str(kwargs.get("expression", "")))
+        # writes: the records they touch, as the tool returns them
+        touched = {}
+        for key, table in (("reservation_id", "reservations"), ("order_id", "orders"), ("user_id", "users")):
+            if key in kwargs and table in db and kwargs[key] in db[table]:
+                touched[table[:-1]] = db[table][kwargs[key]]
+        return {"status": "success", "action": name, "arguments": kwargs, **touched}
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _calculate(expr: str) -> str:
+    """τ-bench's calculator on + − × ÷ and parentheses, without eval."""
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        raise ValueError(expr)
+
+    try:
+        return str(round(ev(ast.parse(expr, mode="eval").body), 2))
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError):
+        return "Error: invalid expression"
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(", ", ": "))
+
+
+def _sentences(text: str) -> list[str]:
+    parts = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+    return parts or [text.strip() or "Hello."]
+
+
+# ---------------------------------------------------------------- generation
+class _Builder:
+    """Turns texts into content-addressed segments."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.table = SegmentTable()
+        self.tok = get_tokenizer(spec.tokenizer, spec.vocab_size)
+
+    def segment(self, prefix: str, kind: str, text: str):
+        seg_id = f"{prefix}:{stable_hash(text):016x}"
+        if seg_id not in self.table:
+            tokens = self.tok.encode(text) or self.tok.encode(".")
+            self.table.declare(seg_id, kind, tokens=tokens)
+        full = self.table.explicit_tokens(seg_id)
+        return self.table.segment(seg_id, kind, len(full))
+
+
+def _session_turns(domain: Domain, task: dict, b: _Builder, rng: np.random.Generator) -> list[list]:
+    """The segment lists of a session's calls, in order."""
+    head = [b.segment(f"sys.{domain.name}", SYS, SYSTEM.format(domain=domain.name) + domain.policy),
+            b.segment(f"tools.{domain.name}", REUSE, _dump(domain.tools))]
+    user = task.get("user_id")
+    record = domain.db["users"].get(user)
+    if record is not None:
+        head.append(b.segment(f"user.{domain.name}", REUSE, f"Current user {user}: " + _dump(record)))
+    sentences = _sentences(task.get("instruction", ""))
+    opening = " ".join(sentences[:2])
+    messages = [opening] + sentences[2:]
+    history: list = []
+    turns = []
+    for k, action in enumerate(list(task.get("actions", [])) + [None]):
+        if k < len(messages):
+            msg = messages[k]
+        else:
+            msg = CONFIRMATIONS[int(rng.integers(len(CONFIRMATIONS)))]
+        message = b.segment("msg", PRIV, "User: " + msg)
+        turns.append(head + history + [message])
+        if action is None:
+            break
+        name, kwargs = action.get("name", ""), action.get("kwargs", {})
+        call = b.segment("call", PRIV, "Assistant tool call: " + _dump({"name": name, "arguments": kwargs}))
+        obs = b.segment(f"obs.{domain.name}", REUSE, f"Tool {name} returned: " + _dump(domain.observe(name, kwargs)))
+        history = history + [message, call, obs]
+    return turns
+
+
+def generate(spec: AgentSpec) -> Trace:
+    folder = Path(spec.data_path) if spec.data_path else default_data_dir() / "tau_bench"
+    names = DOMAINS if spec.domain == "both" else (spec.domain,)
+    domains = [Domain(n, folder / n) for n in names]
+    tasks = [(d, t) for d in domains for t in d.tasks]
+    if not tasks:
+        raise UserError("no τ-bench tasks found", str(folder))
+    content_ss, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
+    rng = np.random.default_rng(content_ss)
+    b = _Builder(spec)
+
+    queue: list[int] = []
+    started = 0
+
+    def next_session():
+        nonlocal started, queue
+        if not queue:
+            queue = list(rng.permutation(len(tasks)))
+        d, task = tasks[queue.pop(0)]
+        name = f"{d.name}-{started}"
+        started += 1
+        turns = [t for t in _session_turns(d, task, b, rng)]
+        fitting = []
+        for t in turns:  # a session ends before a prompt would pass the cap
+            if sum(s.length for s in t) > spec.max_prompt_tokens:
+                break
+            fitting.append(t)
+        return [name, fitting, 0]
+
+    live = [next_session() for _ in range(spec.concurrent_sessions)]
+    requests = []
+    guard = 0
+    while len(requests) < spec.num_requests:
+        i = int(rng.integers(len(live)))
+        name, turns, k = live[i]
+        if k >= len(turns):
+            live[i] = next_session()
+            guard += 1
+            if guard > 100 * len(tasks) and not requests:
+                raise UserError(f"no session fits max_prompt_tokens={spec.max_prompt_tokens}")
+            continue
+        requests.append(Request(len(requests), 0.0, tuple(turns[k]), spec.output_len, name, True))
+        live[i][2] = k + 1
+    arr = ArrivalSpec(process=spec.arrival, qps=spec.qps, cv=spec.arrival_cv)
+    times = arrival_times(arr, spec.num_requests, np.random.default_rng(arrival_ss))
+    trace = Trace(requests, b.table, "agent", asdict(spec), {"domains": list(names), "sessions": started})
+    return trace.with_arrivals(times)

@@ -1,0 +1,138 @@
+"""Replay of Mooncake (FAST'25) block-hash traces.
+
+Each record is ``{timestamp (ms), input_length, output_length, hash_ids}`` with one hash id per 512-token
+block: equal ids mean identical block content, so a request's prefix is its hash-id list. Each block becomes
+a reusable segment with deterministic tokens (equal ids, equal tokens); the last block is cut to the input
+length (a cut block is a prefix of the full one). The prompt is exactly its blocks, in order
+(``fixed_order``); it has no private segment (a block used once is private in effect).
+
+Options: a time scale or a target QPS (arrival order kept), a request cap, a prompt-length cap, and
+``segment_tokens`` to cut each block into smaller segments, for engines whose page or QAS segment size is
+smaller than 512 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prism.config import choice, positive
+from prism.core import REUSE, Request, SegmentTable
+from prism.errors import UserError
+
+from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.trace import Trace
+
+
+@dataclass
+class MooncakeSpec:
+    kind: str = "mooncake"
+    path: str | None = None  # default ../shared/data/mooncake/conversation_trace.jsonl
+    seed: int = 0
+    num_requests: int | None = positive(None, "request cap (null: the whole trace)")
+    qps: float | None = positive(None, "target mean rate (rescales the timestamps; null: keep them)")
+    time_scale: float = positive(1.0, "multiply inter-arrival times (ignored when qps is set)")
+    arrival: str = choice("trace", ("trace", "poisson", "gamma", "azure_code", "azure_conv"),
+                          "trace timestamps, or a synthetic process at qps")
+    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
+    block_tokens: int = positive(512, "tokens per hash block in the source trace")
+    segment_tokens: int = positive(512, "tokens per segment (divides block_tokens)")
+    output_len_cap: int | None = positive(None, "cap on output tokens (null: the trace's)")
+    max_input_tokens: int | None = positive(None, "skip requests with longer prompts (null: keep all)")
+
+    def __post_init__(self) -> None:
+        if self.block_tokens % self.segment_tokens:
+            raise ValueError(f"field 'segment_tokens': {self.segment_tokens} does not divide "
+                             f"block_tokens {self.block_tokens}")
+        if self.arrival != "trace" and self.qps is None:
+            raise ValueError(f"field 'qps': required with arrival {self.arrival!r}")
+
+
+def read_records(path: Path, limit: int | None = None) -> list[dict]:
+    if not path.is_file():
+        raise UserError("Mooncake trace not found (set path)", str(path))
+    out = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"invalid JSON ({e.msg})", where) from None
+            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if key not in rec:
+                    raise UserError(f"missing field {key!r}", where)
+            if not isinstance(rec["hash_ids"], list) or not rec["hash_ids"]:
+                raise UserError("field 'hash_ids': must be a non-empty list", where)
+            if not isinstance(rec["input_length"], int) or rec["input_length"] < 1:
+                raise UserError("field 'input_length': must be a positive integer", where)
+            if not isinstance(rec["output_length"], int) or rec["output_length"] < 0:
+                raise UserError("field 'output_length': must be a non-negative integer", where)
+            rec["_line"] = lineno
+            out.append(rec)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def generate(spec: MooncakeSpec) -> Trace:
+    path = Path(spec.path) if spec.path else default_data_dir() / "mooncake" / "conversation_trace.jsonl"
+    records = read_records(path)
+    bt, st = spec.block_tokens, spec.segment_tokens
+    table = SegmentTable()
+    requests = []
+    for rec in records:
+        n_in = rec["input_length"]
+        if spec.max_input_tokens is not None and n_in > spec.max_input_tokens:
+            continue
+        blocks = rec["hash_ids"]
+        if len(blocks) != math.ceil(n_in / bt):
+            raise UserError(f"{len(blocks)} hash ids for {n_in} tokens (expected ceil(input/{bt}))",
+                            f"{path}:{rec['_line']}")
+        rid = len(requests)
+        segs = []
+        left = n_in
+        for h in blocks:
+            for part in range(bt // st):
+                if left <= 0:
+                    break
+                n = min(st, left)
+                seg_id = f"b{h}" if st == bt else f"b{h}.{part}"
+                segs.append(table.segment(seg_id, REUSE, n))
+                left -= n
+        out = rec["output_length"] if spec.output_len_cap is None else min(rec["output_length"], spec.output_len_cap)
+        requests.append(Request(rid, rec["timestamp"] / 1000.0, tuple(segs), max(1, out), None, True))
+        if spec.num_requests is not None and len(requests) >= spec.num_requests:
+            break
+    if not requests:
+        raise UserError("no request left after the filters", str(path))
+    trace = Trace(requests, table, "mooncake", asdict(spec), {"source": str(path), "block_tokens": bt})
+    if spec.arrival != "trace":
+        _, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
+        times = arrival_times(ArrivalSpec(spec.arrival, spec.qps, spec.arrival_cv), len(requests),
+                              np.random.default_rng(arrival_ss))
+        return trace.with_arrivals(times)
+    t0 = requests[0].arrival
+    trace = trace.with_arrivals(np.array([(r.arrival - t0) * spec.time_scale for r in requests]))
+    return trace.rescaled(spec.qps) if spec.qps is not None else trace
+
+
+def block_hit_rate(records: list[dict]) -> float:
+    """Share of blocks an infinite cache already holds as a prefix (the trace's own definition)."""
+    seen: set[tuple[int, ...]] = set()
+    hit = total = 0
+    for rec in records:
+        h = tuple(rec["hash_ids"])
+        total += len(h)
+        k = 0
+        while k < len(h) and h[:k + 1] in seen:
+            k += 1
+        hit += k
+        seen.update(h[:i + 1] for i in range(len(h)))
+    return hit / total if total else 0.0

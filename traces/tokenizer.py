@@ -1,0 +1,81 @@
+"""Text to token ids for traces built from real text (agent traces).
+
+Machines here reach no model hub, so the default is a deterministic local tokenizer: text is cut into
+words and punctuation (words longer than 6 characters into 4-character pieces, roughly a BPE's token count)
+and each piece maps to a token id by a stable hash. The same text always gives the same tokens, which is all
+exact-prefix KV reuse needs. A user may instead pass a Hugging Face tokenizer directory (``tokenizer.json``
+read with the ``tokenizers`` library, else ``transformers.AutoTokenizer``) to get the model's own token ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from prism.core import stable_hash
+from prism.errors import UserError
+
+_PIECES = re.compile(r"\w+|[^\w\s]")
+RESERVED = 256  # ids below are left to special tokens
+
+
+class LocalTokenizer:
+    def __init__(self, vocab_size: int = 32000) -> None:
+        if vocab_size <= RESERVED:
+            raise UserError(f"vocab_size must be > {RESERVED}, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self._ids: dict[str, int] = {}
+
+    def _id(self, piece: str) -> int:
+        tid = self._ids.get(piece)
+        if tid is None:
+            tid = RESERVED + stable_hash(piece) % (self.vocab_size - RESERVED)
+            self._ids[piece] = tid
+        return tid
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for piece in _PIECES.findall(text):
+            if len(piece) > 6:
+                out.extend(self._id(piece[i:i + 4]) for i in range(0, len(piece), 4))
+            else:
+                out.append(self._id(piece))
+        return out
+
+
+class HFTokenizer:
+    """A local Hugging Face tokenizer directory (no hub access)."""
+
+    def __init__(self, path: str | Path) -> None:
+        p = Path(path)
+        if not p.exists():
+            raise UserError("tokenizer path not found", str(p))
+        tj = p / "tokenizer.json" if p.is_dir() else p
+        try:
+            from tokenizers import Tokenizer  # type: ignore
+
+            self._tok = Tokenizer.from_file(str(tj))
+            self._encode = lambda text: self._tok.encode(text, add_special_tokens=False).ids
+            self.vocab_size = self._tok.get_vocab_size()
+            return
+        except ImportError:
+            pass
+        except Exception as e:  # a malformed tokenizer.json
+            raise UserError(f"cannot load tokenizer: {e}", str(tj)) from None
+        try:
+            from transformers import AutoTokenizer  # type: ignore
+        except ImportError:
+            raise UserError("reading a tokenizer needs the 'tokenizers' or 'transformers' package "
+                            "(pip install tokenizers)", str(p)) from None
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        self._encode = lambda text: tok.encode(text, add_special_tokens=False)
+        self.vocab_size = tok.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+
+@functools.lru_cache(maxsize=8)
+def get_tokenizer(path: str | None, vocab_size: int = 32000):
+    return HFTokenizer(path) if path else LocalTokenizer(vocab_size)
