@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from prism.config import build, fraction, nonneg, positive
+from prism.config import build, fraction, nonneg
 from prism.errors import UserError
 
 from prism.calibration import profiles

@@ -64,23 +64,25 @@ def knob_sections() -> set[str]:
     return {e.section for e in (*SCHEDULERS.values(), *EVICTIONS.values()) if e.section}
 
 
-def resolve_method(method: str | None, scheduler: str | None, eviction: str | None) -> tuple[str, str, str]:
-    """(label, scheduler name, eviction name); explicit names override the preset's."""
-    if method is not None and method not in METHODS:
-        raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
-    base_s, base_e = METHODS[method or "sglang"]
+def resolve_method(method: str | None, scheduler: str | None = None,
+                   eviction: str | None = None) -> tuple[str, str, str]:
+    """(label, scheduler, eviction) for a preset or a ``SCHEDULER+EVICTION`` pair; an explicit scheduler or
+    eviction overrides that half of the method. The label is the method's name as given, else the pair."""
+    if method is not None and "+" in method:
+        base_s, base_e = method.split("+", 1)
+    elif method is not None and method not in METHODS:
+        raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)}, or SCHEDULER+EVICTION)")
+    else:
+        base_s, base_e = METHODS[method or "sglang"]
     s, e = scheduler or base_s, eviction or base_e
     if s not in SCHEDULERS:
         raise UserError(f"unknown scheduler {s!r} (known: {', '.join(SCHEDULERS)})")
     if e not in EVICTIONS:
         raise UserError(f"unknown eviction {e!r} (known: {', '.join(EVICTIONS)})")
-    if method and not scheduler and not eviction:
-        label = method
-    elif (s, e) in [v for v in METHODS.values()] and not method:
-        label = next(k for k, v in METHODS.items() if v == (s, e))
-    else:
-        label = f"{s}+{e}"
-    return label, s, e
+    if method and (s, e) == (base_s, base_e):
+        return method, s, e
+    preset = next((k for k, v in METHODS.items() if v == (s, e)), None)
+    return (preset if preset and not method else f"{s}+{e}"), s, e
 
 
 def _config(entry: PolicyEntry, knobs: dict[str, Any], where: str):

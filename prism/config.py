@@ -167,12 +167,3 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = nxt
         node[path[-1]] = value
     return data
-
-
-def describe(cls: type) -> list[tuple[str, Any, str]]:
-    """(name, default, doc) for each field: used by ``--help`` texts and the README."""
-    out = []
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        out.append((f.name, default, f.metadata.get("doc", "")))
-    return out

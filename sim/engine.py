@@ -26,7 +26,7 @@ import simpy
 
 from prism.calibration.cost_model import CostModel
 from prism.config import nonneg, positive
-from prism.core import PRIV, Request, Segment, layout, output_token_bytes, serialize
+from prism.core import PRIV, REUSE, SYS, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 
 from prism.sim.radix_cache import TOKEN_BYTES, RadixCache
@@ -80,12 +80,12 @@ class Seq:
         Only prompts made of sys + reusable + one private suffix can be realigned."""
         if self.fixed_order:
             return False
-        reuse = {s.id: s for s in self.segments if s.kind not in ("sys", PRIV)}
+        reuse = {s.id: s for s in self.segments if s.kind == REUSE}
         if tuple(reuse) == tuple(skeleton):
             return False
         if sorted(reuse) != sorted(skeleton):
             raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
-        head = [s for s in self.segments if s.kind == "sys"]
+        head = [s for s in self.segments if s.kind == SYS]
         tail = [s for s in self.segments if s.kind == PRIV]
         self.set_segments(tuple(head + [reuse[i] for i in skeleton] + tail))
         self.realigned = True

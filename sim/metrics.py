@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -96,7 +96,3 @@ def summarize(records: Sequence[RequestRecord], warmup: int = 0) -> dict[str, An
 
 def write_json(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def record_dict(r: RequestRecord) -> dict[str, Any]:
-    return asdict(r)

@@ -55,12 +55,9 @@ class RunTask:
 
 def task_config(base: dict[str, Any], method: str, qps: float, seed: int) -> dict[str, Any]:
     cfg = copy.deepcopy(base)
-    for key in ("method", "scheduler", "eviction"):
+    for key in ("scheduler", "eviction"):
         cfg.pop(key, None)
-    if "+" in method:
-        cfg["scheduler"], cfg["eviction"] = method.split("+", 1)
-    else:
-        cfg["method"] = method
+    cfg["method"] = method
     trace = dict(cfg.get("trace") or {})
     trace["qps"], trace["seed"] = qps, seed
     cfg["trace"] = trace

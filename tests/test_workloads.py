@@ -66,7 +66,7 @@ def test_agent_prompt_cap_and_determinism():
 
 def test_agent_with_a_hugging_face_tokenizer(tmp_path):
     need_data("tau_bench", "airline", "tasks_test.json")
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))

@@ -39,7 +39,7 @@ from prism.config import choice, positive
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
 from prism.errors import UserError
 
-from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.arrivals import GeneratedTraceSpec, default_data_dir, streams
 from prism.traces.tokenizer import get_tokenizer
 from prism.traces.trace import Trace
 
@@ -52,14 +52,9 @@ CONFIRMATIONS = ("Yes, please go ahead.", "Okay, that works for me.", "Yes, I co
 
 
 @dataclass
-class AgentSpec:
+class AgentSpec(GeneratedTraceSpec):
     kind: str = "agent"
-    seed: int = 0
-    num_requests: int = positive(2048, "requests (agent LLM calls) in the trace")
     qps: float = positive(40.0, "mean arrival rate, requests/s")
-    arrival: str = choice("poisson", ("poisson", "gamma", "azure_code", "azure_conv"), "arrival process")
-    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
-    output_len: int = positive(32, "decode budget per call")
     domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
     data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
     concurrent_sessions: int = positive(16, "sessions whose calls interleave")
@@ -204,8 +199,7 @@ def generate(spec: AgentSpec) -> Trace:
     tasks = [(d, t) for d in domains for t in d.tasks]
     if not tasks:
         raise UserError("no τ-bench tasks found", str(folder))
-    content_ss, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
-    rng = np.random.default_rng(content_ss)
+    rng, arrival_rng = streams(spec.seed)
     b = _Builder(spec)
 
     queue: list[int] = []
@@ -240,7 +234,5 @@ def generate(spec: AgentSpec) -> Trace:
             continue
         requests.append(Request(len(requests), 0.0, tuple(turns[k]), spec.output_len, name, True))
         live[i][2] = k + 1
-    arr = ArrivalSpec(process=spec.arrival, qps=spec.qps, cv=spec.arrival_cv)
-    times = arrival_times(arr, spec.num_requests, np.random.default_rng(arrival_ss))
     trace = Trace(requests, b.table, "agent", asdict(spec), {"domains": list(names), "sessions": started})
-    return trace.with_arrivals(times)
+    return trace.with_arrivals(spec.arrival_times(arrival_rng))

@@ -25,6 +25,32 @@ class ArrivalSpec:
     azure_path: str | None = None  # folder of AzureLLMInferenceTrace_{code,conv}.csv; default ../shared/data
 
 
+@dataclass
+class GeneratedTraceSpec:
+    """Fields every generated trace has: its seed, size, arrival process and decode length.
+
+    Content and arrival times come from two streams of the seed (:func:`streams`), so that changing the rate
+    or the process never changes a prompt.
+    """
+
+    kind: str = ""
+    seed: int = 0
+    num_requests: int = positive(2048, "requests in the trace")
+    qps: float = positive(60.0, "mean arrival rate, requests/s")
+    arrival: str = choice("poisson", PROCESSES, "arrival process")
+    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
+    output_len: int = positive(32, "decoded tokens per request")
+
+    def arrival_times(self, rng: np.random.Generator) -> np.ndarray:
+        return arrival_times(ArrivalSpec(self.arrival, self.qps, self.arrival_cv), self.num_requests, rng)
+
+
+def streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """(content, arrivals) random generators of one seed, independent of each other."""
+    content_ss, arrival_ss = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(content_ss), np.random.default_rng(arrival_ss)
+
+
 def default_data_dir() -> Path:
     """``$PRISM_DATA_DIR``, else ``../shared/data`` beside the working directory or the project checkout."""
     import os

@@ -24,7 +24,7 @@ from prism.config import choice, positive
 from prism.core import REUSE, Request, SegmentTable
 from prism.errors import UserError
 
-from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir, streams
 from prism.traces.trace import Trace
 
 
@@ -114,9 +114,8 @@ def generate(spec: MooncakeSpec) -> Trace:
         raise UserError("no request left after the filters", str(path))
     trace = Trace(requests, table, "mooncake", asdict(spec), {"source": str(path), "block_tokens": bt})
     if spec.arrival != "trace":
-        _, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
         times = arrival_times(ArrivalSpec(spec.arrival, spec.qps, spec.arrival_cv), len(requests),
-                              np.random.default_rng(arrival_ss))
+                              streams(spec.seed)[1])
         return trace.with_arrivals(times)
     t0 = requests[0].arrival
     trace = trace.with_arrivals(np.array([(r.arrival - t0) * spec.time_scale for r in requests]))

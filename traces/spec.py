@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -84,5 +83,11 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
     return GENERATORS[spec.kind][1](spec)
 
 
-def spec_dict(spec: Any) -> dict[str, Any]:
-    return asdict(spec)
+def spec_seed(source: str) -> int:
+    """The seed a spec file names (0 for a materialized trace), without generating the trace."""
+    p = resolve(source)
+    if is_materialized(p):
+        return 0
+    data = load_yaml(p)
+    seed = data.get("seed", 0) if isinstance(data, dict) else 0
+    return seed if isinstance(seed, int) else 0

@@ -25,19 +25,13 @@ from prism.config import choice, fraction, positive
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
 from prism.errors import UserError
 
-from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir
+from prism.traces.arrivals import GeneratedTraceSpec, default_data_dir, streams
 from prism.traces.trace import Trace
 
 
 @dataclass
-class ZipfHotspotSpec:
+class ZipfHotspotSpec(GeneratedTraceSpec):
     kind: str = "zipf_hotspot"
-    seed: int = 0
-    num_requests: int = positive(2048, "requests in the trace")
-    qps: float = positive(60.0, "mean arrival rate, requests/s")
-    arrival: str = choice("poisson", ("poisson", "gamma", "azure_code", "azure_conv"), "arrival process")
-    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
-    output_len: int = positive(32, "decoded tokens per request")
     corpus: str = choice("synthetic", ("synthetic", "multihop_rag"), "where non-hot passages come from")
     corpus_path: str | None = None  # multihop_rag folder; default ../shared/data/multihop_rag
     num_passages: int = positive(981, "passages in the synthetic corpus")
@@ -60,8 +54,6 @@ class ZipfHotspotSpec:
             if self.k > self.num_passages - self.hot_set:
                 raise ValueError(f"field 'k': {self.k} is larger than the {self.num_passages - self.hot_set} "
                                  "non-hot passages of the corpus")
-        if self.k > self.hot_set and self.r_hot > 0:
-            pass  # a hot request takes at most hot_set hot passages; the rest are cold
 
 
 def _zipf_draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> list[int]:
@@ -110,8 +102,7 @@ def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[st
 
 
 def generate(spec: ZipfHotspotSpec) -> Trace:
-    content_ss, arrival_ss = np.random.SeedSequence(spec.seed).spawn(2)
-    rng = np.random.default_rng(content_ss)
+    rng, arrival_rng = streams(spec.seed)
 
     evidence: list[list[str]] = []
     if spec.corpus == "multihop_rag":
@@ -164,7 +155,5 @@ def generate(spec: ZipfHotspotSpec) -> Trace:
         requests.append(Request(rid, 0.0, (sys_seg, *reuse, suffix), spec.output_len))
         hot_flags.append(bool(is_hot))
 
-    arr = ArrivalSpec(process=spec.arrival, qps=spec.qps, cv=spec.arrival_cv)
-    times = arrival_times(arr, spec.num_requests, np.random.default_rng(arrival_ss))
     trace = Trace(requests, table, "zipf_hotspot", asdict(spec), {"hot_set": hot})
-    return trace.with_arrivals(times)
+    return trace.with_arrivals(spec.arrival_times(arrival_rng))

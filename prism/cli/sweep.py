@@ -14,7 +14,7 @@ from prism.policies.registry import METHODS
 from prism.sim.plots import plot_sweep
 from prism.sim.settings import merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
-from prism.traces.spec import is_materialized, resolve
+from prism.traces.spec import is_materialized, resolve, spec_seed
 
 EPILOG = """\
 example:
@@ -65,18 +65,10 @@ def main(argv: list[str]) -> int:
     where = args.config or "settings"
     for m in methods:  # validate every combination before starting workers
         settings_from(task_config(base, m, qps[0], 0), where)
-    source = resolve(args.trace)
-    if is_materialized(source) and args.seeds > 1:
+    if is_materialized(resolve(args.trace)) and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
-    first = settings_from(task_config(base, methods[0], qps[0], 0), where)
-    seed0 = 0
-    if not is_materialized(source):
-        from prism.traces.spec import load_spec
-
-        seed0 = int(getattr(load_spec(source, {k: v for k, v in first.trace_overrides.items()
-                                               if k not in ("qps", "seed")}), "seed"))
-        seed0 = int((base.get("trace") or {}).get("seed", seed0))
-    seeds = [seed0 + i for i in range(args.seeds)]
+    seed0 = (base.get("trace") or {}).get("seed", spec_seed(args.trace))
+    seeds = [int(seed0) + i for i in range(args.seeds)]
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
                   workers=args.workers)
