@@ -42,11 +42,13 @@ class DART(EvictionPolicy):
         self.config = config or DARTConfig()
         self.protected: frozenset[str] = frozenset()
         self._version = -1
+        self._hinted = False  # whether QAS has published priorities (else: plain LRU)
 
     def prepare(self, cache: ResidentIndex) -> None:
         """F = the top-f resident segments by P̂, ties by id (recomputed when P̂ or residency changes)."""
         prio, f = self.hints.priority, self.config.f
-        if not prio or f == 0:
+        self._hinted = self.hints.version > 0 and len(prio) > 0
+        if not self._hinted or f == 0:
             self.protected = frozenset()
             return
         resident = cache.resident
@@ -58,9 +60,9 @@ class DART(EvictionPolicy):
         self.protected = frozenset(s for _, s in heapq.nsmallest(f, candidates))
 
     def key(self, node: NodeView) -> tuple:
-        prio = self.hints.priority
-        if not prio:  # no hints: plain LRU
+        if not self._hinted:  # no hints: plain LRU
             return (node.last_access,)
+        prio = self.hints.priority
         if node.kind == PRIV:
             return (0, node.last_access)
         if node.seg_id in self.protected:

@@ -1,6 +1,6 @@
 """QAS, the query-aware scheduler (DESIGN §3).
 
-Every round it ranks reusable segments by demand, aligns each waiting prompt so that its most demanded
+Every round it ranks segments by demand, aligns each waiting prompt so that its most demanded reusable
 segments come first (so that requests which share them also share a *prefix*), buckets requests by their
 leading segment, and orders the queue: a short FIFO cold lane (the oldest requests, so nobody starves), then
 the hot lane, bucket by bucket in descending score, FIFO inside a bucket. QAS only orders; the engine's own
@@ -12,32 +12,36 @@ Priority of segment r with respect to a reference batch B::
 
 a(r): admitted, unfinished requests that contain r; g(r): waiting requests that contain r; n(r; B): requests
 of B that contain r. The weights (1e6, 1e5, 1) make it a strict ordering: active demand, then next-batch
-reuse, then queued prevalence.
+reuse, then queued prevalence. Counters cover a request's shared segments, its system prompt included; only
+reusable segments are moved, and only they form signatures and bucket utilities.
 
 Choices the design leaves open, made here:
 
 * front alignment uses the *next counter*: n(r) over the batch predicted in the previous round (the requests
   that would head the round after a dispatch). In the first round, and whenever nothing was predicted, that
-  batch is empty, i.e. P(r; ∅). Ties between equal priorities are broken by segment id, so that requests with
-  the same segments align to the same order;
+  batch is empty, i.e. P(r; ∅). Ties between equal priorities go to the segment QAS saw first, one global
+  order, so requests with the same segments align to the same order;
 * a bucket's reusable segments are the union of its requests' segments; its provisional hot-lane batch is
   its first ``batch_hint`` requests (the engine's free running slots; all of them when unknown);
-* the published priorities P̂(r) = P(r; B_dispatch) cover every segment seen in the round (``sys`` included,
-  as every request contains it), for DART.
+* requests marked ``fixed_order`` (conversation history, document blocks) are bucketed but never realigned;
+* the published priorities P̂(r) = P(r; B_dispatch) cover every segment QAS knows (zero for those without
+  demand), for DART.
 
-Cost per round: O(S) in queued segment occurrences S, plus O(S log f_front) for the alignment and a sort of
-the buckets; no all-pairs work.
+Cost per round: O(S) in queued segment occurrences S plus a sort of the known segments and of the buckets,
+all in vectorised numpy; no all-pairs work. Per request, QAS keeps its segment indices in a matrix row
+registered once, on the request's first round.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from itertools import chain
+from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
 
 from prism.config import nonneg, positive
-from prism.core import REUSE
+from prism.core import PRIV, REUSE
 
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 
@@ -52,7 +56,103 @@ class QASConfig:
     alpha_size: float = nonneg(1.0, "bucket score weight of the bucket's size")
     beta_util: float = nonneg(0.5, "bucket score weight of the bucket's utility U(b)")
     q_cold: int = nonneg(2, "oldest waiting requests in the FIFO cold lane")
-    window_s: float = nonneg(0.0, "front-end mode only: seconds per QAS round (0: every scheduler iteration)")
+
+
+class PriorityView(Mapping):
+    """P̂ as a read-only mapping segment id -> priority over a numpy vector; zero entries are absent."""
+
+    def __init__(self, index: dict[str, int], names: list[str], values: np.ndarray) -> None:
+        self._index, self._names, self._values = index, names, values
+        self._list = values.tolist()  # eviction asks one segment at a time: plain floats answer fastest
+
+    def get(self, key, default=None):
+        i = self._index.get(key)
+        if i is None or i >= len(self._list):
+            return default
+        v = self._list[i]
+        return v if v > 0 else default
+
+    def __getitem__(self, key: str) -> float:
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._names[i] for i in np.flatnonzero(self._values > 0))
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._values > 0))
+
+
+class _Rows:
+    """Each request's segment indices in a growing matrix, registered on first sight."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}  # segment id -> index, in first-seen order
+        self.names: list[str] = []
+        self.row: dict[int, int] = {}  # request id -> row
+        self.mat = np.full((64, 8), -1, dtype=np.int64)  # reusable segment indices, -1 padded
+        self.sys = np.full(64, -1, dtype=np.int64)  # index of the request's other shared segment (sys)
+        self.length = np.zeros(64, dtype=np.int64)
+        self.arrival = np.zeros(64)
+        self.rid = np.zeros(64, dtype=np.int64)
+        self.fixed = np.zeros(64, dtype=bool)
+        self.skeleton: list[tuple[str, ...]] = []
+        self.width = 0  # widest row so far
+
+    def _seg(self, name: str) -> int:
+        i = self.index.get(name)
+        if i is None:
+            i = self.index[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def _grow(self, rows: int, cols: int) -> None:
+        n = len(self.skeleton)
+        mat = np.full((rows, cols), -1, dtype=np.int64)
+        mat[:n, :self.mat.shape[1]] = self.mat[:n]
+        self.mat = mat
+        for name in ("sys", "length", "arrival", "rid", "fixed"):
+            old = getattr(self, name)
+            new = np.full(rows, -1, dtype=old.dtype) if name == "sys" else np.zeros(rows, dtype=old.dtype)
+            new[:n] = old[:n]
+            setattr(self, name, new)
+
+    def add(self, r: WaitingRequest) -> int:
+        n = len(self.skeleton)
+        sk = tuple(s.id for s in r.segments if s.kind == REUSE)
+        capacity, cols = self.mat.shape
+        if n == capacity or len(sk) > cols:
+            self._grow(2 * capacity if n == capacity else capacity, max(cols, len(sk)))
+        self.mat[n, :len(sk)] = [self._seg(s) for s in sk]
+        others = [s.id for s in r.segments if s.kind not in (REUSE, PRIV)]
+        self.sys[n] = self._seg(others[0]) if others else -1
+        self.length[n] = len(sk)
+        self.arrival[n] = r.arrival
+        self.rid[n] = r.id
+        self.fixed[n] = bool(getattr(r, "fixed_order", False))
+        self.skeleton.append(sk)
+        self.width = max(self.width, len(sk))
+        self.row[r.id] = n
+        return n
+
+    def rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
+        get = self.row.get
+        rows = [get(r.id) for r in waiting]
+        if None in rows:
+            rows = [self.add(r) if i is None else i for r, i in zip(waiting, rows)]
+        return np.array(rows, dtype=np.int64)
+
+    def counts(self, rows: np.ndarray, size: int) -> np.ndarray:
+        """Per segment: how many of these requests contain it (reusable and system segments)."""
+        seg = self.mat[rows, :self.width]
+        out = np.bincount(seg[seg >= 0], minlength=size)
+        sys = self.sys[rows]
+        return out + np.bincount(sys[sys >= 0], minlength=size)
 
 
 class QAS(Scheduler):
@@ -60,169 +160,179 @@ class QAS(Scheduler):
 
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = config or QASConfig()
-        self._skeletons: dict[int, tuple[str, ...]] = {}  # request id -> the trace's own reusable order
-        self.next_counter: Counter = Counter()  # n(r) over the predicted next batch
+        self.rows = _Rows()
+        self._next = np.zeros(0)  # n(r) over the predicted next batch, by segment index
         self._round: dict | None = None  # what on_dispatch needs from the last plan
+        self.last: dict | None = None  # the last round's priorities and buckets (for inspection and tests)
         self.counters: Counter = Counter()
 
-    # ------------------------------------------------------------------ helpers
-    def _skeleton(self, r: WaitingRequest) -> tuple[str, ...]:
-        sk = self._skeletons.get(r.id)
-        if sk is None:
-            sk = tuple(s.id for s in r.segments if s.kind == REUSE)
-            self._skeletons[r.id] = sk
-        return sk
+    @property
+    def next_counter(self) -> Counter:
+        names = self.rows.names
+        return Counter({names[i]: int(c) for i, c in enumerate(self._next) if c})
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
-        cfg = self.config
-        active = ctx.hints.active if ctx.hints is not None else Counter()
-        known = self._skeletons
-        skeletons = [known.get(r.id) or self._skeleton(r) for r in waiting]
-        fixed = [getattr(r, "fixed_order", False) for r in waiting]
+        cfg, rows_ = self.config, self.rows
+        n = len(waiting)
+        rows = rows_.rows_of(waiting)
+        V = len(rows_.names)
+        seg = rows_.mat[rows, :rows_.width]
+        valid = seg >= 0
+        lengths = rows_.length[rows]
+        arrival, rid = rows_.arrival[rows], rows_.rid[rows]
 
-        # counters: g(r) over the queue, a(r) from the engine, n(r) from last round's prediction
-        g = Counter(chain.from_iterable(skeletons))
-        w_a, w_g, w_n = cfg.w_a, cfg.w_g, cfg.w_n
-        base = {r: w_g * c for r, c in g.items()}
-        for r, c in active.items():
-            base[r] = base.get(r, 0.0) + w_a * c
-        nxt = self.next_counter
-        prio = base.copy()
-        for r, c in nxt.items():
-            if r in prio:
-                prio[r] += w_n * c
-        # one global ranking per round makes every per-request choice a small sort: by priority, ties by id
-        # (sorting by id first, then stably by priority, keeps the tie order)
-        ranked = sorted(prio)
-        ranked.sort(key=prio.__getitem__, reverse=True)
-        rank = dict(zip(ranked, range(len(ranked))))
-        aligner = _Aligner(skeletons, rank, cfg.f_front, fixed)
+        # counters and priorities over every known segment
+        g = rows_.counts(rows, V)
+        a = np.zeros(V)
+        if ctx.hints is not None:
+            for name, c in ctx.hints.active.items():
+                i = rows_.index.get(name)
+                if i is not None:
+                    a[i] = c
+        nxt = np.zeros(V)
+        nxt[:len(self._next)] = self._next[:V]
+        base = cfg.w_a * a + cfg.w_g * g
+        prio = base + cfg.w_n * nxt
+        ranked = np.lexsort((np.arange(V), -prio))  # by priority, ties to the segment seen first
+        rank = np.empty(V, dtype=np.int64)
+        rank[ranked] = np.arange(V)
 
-        # 2. signatures: the first kappa segments of the aligned prompt; buckets filled oldest first
-        age = [(r.arrival, r.id) for r in waiting]
-        by_age = sorted(range(len(waiting)), key=age.__getitem__)
-        kappa, by_rank = cfg.kappa, rank.__getitem__
-        fast = 0 < kappa <= cfg.f_front  # then the signature is the top kappa by rank
-        buckets: dict[tuple[str, ...], list[int]] = defaultdict(list)
-        for i in by_age:
-            sk = skeletons[i]
-            if len(sk) <= 1:
-                sig = sk
-            elif kappa == 1:
-                sig = (min(sk, key=by_rank),)
-            elif fast and not fixed[i]:  # aligned order starts with the top kappa, best first
-                sig = tuple(sorted(sk, key=by_rank)[:kappa])
-            else:  # the top kappa, in their order in the (possibly unaligned) prompt
-                top = set(sorted(sk, key=by_rank)[:kappa])
-                sig = tuple(s for s in aligner.aligned(i) if s in top)
-            buckets[sig].append(i)
+        # 2. signatures: the top-kappa reusable segments (kappa = 1: the best one)
+        if cfg.kappa == 1 or rows_.width == 0:
+            big = np.iinfo(np.int64).max
+            r = np.where(valid, rank[np.maximum(seg, 0)], big)
+            top = seg[np.arange(n), np.argmin(r, axis=1)] if rows_.width else np.full(n, -1)
+            sig = np.where(lengths > 0, top, -1)
+        else:
+            sig = self._signatures(rows, rank)
 
-        # 4a. cold lane: the q_cold oldest waiting requests, FIFO
-        cold_idx = by_age[:cfg.q_cold]
-        cold = set(cold_idx)
+        # 4a. cold lane: the q_cold oldest waiting requests
+        by_age = np.lexsort((rid, arrival))
+        cold = by_age[:cfg.q_cold]
 
-        # 3. bucket scores: U(b) = mean over the bucket's segments of P(r; B_hot_b), where the provisional
-        # hot-lane batch B_hot_b is the bucket's first `hint` requests; 4b. hot lane by descending score
-        hint = ctx.batch_hint or len(waiting)
-        base_of = base.__getitem__
-        scored = []
-        for members in buckets.values():
-            if len(members) == 1:
-                segs = set(skeletons[members[0]])
-                n_prov = len(segs)
-            else:
-                segs = set().union(*(skeletons[i] for i in members))
-                n_prov = sum(map(len, map(skeletons.__getitem__, members[:hint])))
-            util = (sum(map(base_of, segs)) + w_n * n_prov) / len(segs) if segs else 0.0
-            score = cfg.alpha_size * len(members) + cfg.beta_util * util
-            scored.append((-score, age[members[0]], members, score))
-        scored.sort(key=lambda t: t[:2])
-        order_idx = cold_idx + [i for _, _, members, _ in scored for i in members if i not in cold]
+        # buckets, each FIFO
+        grouped = np.lexsort((rid, arrival, sig))
+        sig_sorted = sig[grouped]
+        new_bucket = np.empty(n, dtype=bool)
+        new_bucket[:1] = True
+        new_bucket[1:] = sig_sorted[1:] != sig_sorted[:-1]
+        bucket_sorted = np.cumsum(new_bucket) - 1
+        starts = np.flatnonzero(new_bucket)
+        nb = len(starts)
+        bucket = np.empty(n, dtype=np.int64)
+        bucket[grouped] = bucket_sorted
+        size = np.diff(np.append(starts, n))
 
-        order = [waiting[i] for i in order_idx]
-        index = {r.id: i for i, r in enumerate(waiting)}
-        self._round = {"order": order, "index": index, "aligner": aligner, "base": base, "active": active}
-        self.last = {"priority": prio, "waiting": waiting, "aligner": aligner,
-                     "buckets": [(tuple(waiting[i].id for i in m), sc) for _, _, m, sc in scored]}
+        # 3. scores: U(b) = mean over the bucket's reusable segments of P(r; B_hot_b), B_hot_b its first
+        # `hint` requests; Score(b) = alpha·|T[b]| + beta·U(b)
+        hint = ctx.batch_hint or n
+        in_batch = (np.arange(n) - starts[bucket_sorted]) < hint
+        n_prov = np.bincount(bucket_sorted, weights=lengths[grouped] * in_batch, minlength=nb)
+        pairs = np.sort((bucket[:, None] * V + seg)[valid])
+        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs  # distinct (bucket, segment)
+        pb, ps = pairs // max(V, 1), pairs % max(V, 1)
+        sum_base = np.bincount(pb, weights=base[ps], minlength=nb)
+        n_segs = np.bincount(pb, minlength=nb)
+        util = np.divide(sum_base + cfg.w_n * n_prov, n_segs, out=np.zeros(nb), where=n_segs > 0)
+        score = cfg.alpha_size * size + cfg.beta_util * util
+
+        # 4b. hot lane: buckets by descending score (ties: older head), FIFO inside, the cold ones left out
+        head = grouped[starts]
+        bucket_rank = np.empty(nb, dtype=np.int64)
+        bucket_rank[np.lexsort((rid[head], arrival[head], -score))] = np.arange(nb)
+        is_cold = np.zeros(n, dtype=bool)
+        is_cold[cold] = True
+        hot = np.flatnonzero(~is_cold)
+        hot = hot[np.lexsort((rid[hot], arrival[hot], bucket_rank[bucket[hot]]))]
+        order_pos = np.concatenate([cold, hot])
+        order = [waiting[i] for i in order_pos]
+
+        aligner = _Aligner(rows_, rows, rank, cfg.f_front)
+        position = {r.id: i for i, r in enumerate(waiting)}
+        self._round = {"order_pos": order_pos, "position": position, "rows": rows, "base": base}
+        self.last = {"priority": {rows_.names[i]: float(prio[i]) for i in np.flatnonzero(prio)}, "waiting": waiting,
+                     "buckets": [(tuple(waiting[i].id for i in grouped[s:s + k]), float(score[b]))
+                                 for b, (s, k) in enumerate(zip(starts, size))]} if n <= 64 else None
         self.counters["qas_rounds"] += 1
-        self.counters["qas_buckets"] += len(buckets)
-        return Plan(order, _LazyAlign(aligner, index), frozenset(waiting[i].id for i in cold))
+        self.counters["qas_buckets"] += nb
+        return Plan(order, _LazyAlign(aligner, position), frozenset(int(rid[i]) for i in cold))
+
+    def _signatures(self, rows: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """kappa > 1: the top-kappa reusable segments, in their aligned order, as bucket keys."""
+        kappa, f, keys, out = self.config.kappa, self.config.f_front, {}, np.empty(len(rows), dtype=np.int64)
+        for j, row in enumerate(rows):
+            sk = [self.rows.index[s] for s in self.rows.skeleton[row]]
+            top = sorted(sk, key=rank.__getitem__)[:kappa]
+            if self.rows.fixed[row] or kappa > f:
+                aligned = _align(sk, rank, 0 if self.rows.fixed[row] else f)
+                top_set = set(top)
+                top = [s for s in aligned if s in top_set]
+            out[j] = keys.setdefault(tuple(top), len(keys))
+        return out
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
-        rnd, cfg = self._round, self.config
+        rnd, cfg, rows_ = self._round, self.config, self.rows
         if rnd is None:
             return
-        index, aligner = rnd["index"], rnd["aligner"]
-        dispatched = Counter()
-        for r in admitted:
-            dispatched.update(aligner.skeletons[index[r.id]])
-            dispatched["sys"] += 1
-            self._skeletons.pop(r.id, None)
-        gone = {r.id for r in admitted}
-        rest = [r for r in rnd["order"] if r.id not in gone]
-        nxt = Counter()
-        for r in rest[:len(admitted)]:
-            nxt.update(aligner.skeletons[index[r.id]])
-        self.next_counter = nxt
-        published = rnd["base"].copy()
-        for r, c in dispatched.items():
-            published[r] = published.get(r, 0.0) + cfg.w_n * c
-        published["sys"] = (cfg.w_a * rnd["active"].get("sys", 0) + cfg.w_n * dispatched.get("sys", 0)
-                            + cfg.w_g * len(rnd["order"]))
+        V = len(rows_.names)
+        pos = np.fromiter((rnd["position"][r.id] for r in admitted), dtype=np.int64, count=len(admitted))
+        dispatched = rows_.counts(rnd["rows"][pos], V)
+        gone = np.zeros(len(rnd["rows"]), dtype=bool)
+        gone[pos] = True
+        rest = rnd["order_pos"][~gone[rnd["order_pos"]]]
+        self._next = rows_.counts(rnd["rows"][rest[:len(admitted)]], V).astype(float)
         if ctx.hints is not None:
-            ctx.hints.publish(published)
+            ctx.hints.publish(PriorityView(rows_.index, rows_.names, rnd["base"] + cfg.w_n * dispatched))
         self._round = None
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
 
 
+def _align(skeleton: list[int], rank: np.ndarray, f: int) -> list[int]:
+    """Move the top-f segments (by rank) to the front, best first; the rest keep their order."""
+    if f <= 0 or len(skeleton) < 2:
+        return skeleton
+    ranked = sorted(skeleton, key=rank.__getitem__)
+    if len(skeleton) <= f:
+        return ranked
+    top = ranked[:f]
+    return top + [s for s in skeleton if s not in top]
+
+
 class _Aligner:
     """Front alignment on demand: the engine only needs it for the requests it admits."""
 
-    def __init__(self, skeletons: list[tuple[str, ...]], rank: dict[str, int], f_front: int,
-                 fixed: list[bool]) -> None:
-        self.skeletons = skeletons
-        self.rank = rank
-        self.f = f_front
-        self.fixed = fixed
-        self._done: dict[int, tuple[str, ...]] = {}
+    def __init__(self, rows: _Rows, row_of: np.ndarray, rank: np.ndarray, f_front: int) -> None:
+        self.rows, self.row_of, self.rank, self.f = rows, row_of, rank, f_front
 
     def aligned(self, i: int) -> tuple[str, ...]:
-        """Move the top-f_front segments (by this round's rank) to the front, best first."""
-        got = self._done.get(i)
-        if got is None:
-            sk = self.skeletons[i]
-            if self.f <= 0 or len(sk) < 2 or self.fixed[i]:
-                got = sk
-            else:
-                ranked = sorted(sk, key=self.rank.__getitem__)
-                if len(sk) > self.f:
-                    top = ranked[:self.f]
-                    ranked = top + [s for s in sk if s not in top]
-                got = tuple(ranked)
-            self._done[i] = got
-        return got
+        row = int(self.row_of[i])
+        sk = self.rows.skeleton[row]
+        if self.rows.fixed[row]:
+            return sk
+        idx = self.rows.index
+        return tuple(self.rows.names[s] for s in _align([idx[s] for s in sk], self.rank, self.f))
 
 
 class _LazyAlign(Mapping):
     """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes."""
 
-    def __init__(self, aligner: _Aligner, index: dict[int, int]) -> None:
+    def __init__(self, aligner: _Aligner, position: dict[int, int]) -> None:
         self._aligner = aligner
-        self._index = index
+        self._position = position
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
-        i = self._index[rid]
+        i = self._position[rid]
         al = self._aligner.aligned(i)
-        if al == self._aligner.skeletons[i]:
+        if al == self._aligner.rows.skeleton[int(self._aligner.row_of[i])]:
             raise KeyError(rid)
         return al
 
     def __iter__(self):
-        return (rid for rid in self._index if rid in self)
+        return (rid for rid in self._position if rid in self)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

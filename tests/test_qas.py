@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from prism.core import PRIV, REUSE, SYS, SegmentTable
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.qas import QAS, QASConfig
+from qas_reference import ReferenceQAS
 
 TABLE = SegmentTable()
 
@@ -25,6 +26,7 @@ class Req:
     segments: tuple
     key: bytes = b""
     prompt_len: int = 0
+    fixed_order: bool = False
 
 
 def req(rid: int, t: float, skeleton: tuple[str, ...]) -> Req:
@@ -51,9 +53,9 @@ def test_worked_example_counters_priorities_buckets_lanes():
     qas = QAS()
     plan = qas.plan(waiting, ctx)
     prio = qas.last["priority"]
-    # P(r; ∅) = 1e6·a + g:  g = A1 B4 C2 D2 E2 F1;  a = B1 F1
-    assert prio == {"A": 1, "B": 1_000_004, "C": 2, "D": 2, "E": 2, "F": 1_000_001, "sys": 1_000_000}
-    # front alignment (top 3 by priority, ties by id) and kappa=1 signatures
+    # P(r; ∅) = 1e6·a + g:  g = A1 B4 C2 D2 E2 F1 sys5;  a = B1 F1 sys1
+    assert prio == {"A": 1, "B": 1_000_004, "C": 2, "D": 2, "E": 2, "F": 1_000_001, "sys": 1_000_005}
+    # front alignment (top 3 by priority, ties to the segment seen first: C, D, E) and kappa=1 signatures
     assert plan.align.get(1) == ("B", "C", "A")
     assert plan.align.get(2) is None  # already (B, D)
     assert plan.align.get(3) == ("B", "C", "E")
@@ -77,9 +79,9 @@ def test_worked_example_next_batch_and_publication():
     admitted = plan.order[:3]  # the engine took R1, R2, R5
     qas.on_dispatch(admitted, ctx)
     # the requests that now head the order (R3, R4) form the next batch
-    assert qas.next_counter == Counter({"B": 2, "C": 1, "E": 1, "D": 1})
+    assert qas.next_counter == Counter({"B": 2, "C": 1, "E": 1, "D": 1, "sys": 2})
     # P̂(r) = P(r; B_dispatch): dispatched segments A B C (R1), B D (R2), E F (R5), sys x3
-    assert hints.priority == pytest.approx({
+    assert dict(hints.priority) == pytest.approx({
         "A": 1 + 1e5, "B": 1_000_004 + 2e5, "C": 2 + 1e5, "D": 2 + 1e5, "E": 2 + 1e5, "F": 1_000_001 + 1e5,
         "sys": 1e6 + 3e5 + 5})
     assert hints.version == 1
@@ -93,22 +95,46 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
                      min_size=1, max_size=25)
 
 
-@settings(max_examples=80, deadline=None)
-@given(sk=skeletons, f=st.integers(0, 4), active=st.dictionaries(st.sampled_from("ABCDEFGH"), st.integers(1, 3)))
-def test_front_alignment_is_a_permutation_with_the_top_first(sk, f, active):
-    waiting = [req(i, float(i), s) for i, s in enumerate(sk)]
-    qas = QAS(QASConfig(f_front=f))
-    ctx = SchedContext(0.0, NoCache(), (), DemandHints(active=Counter(active)))
-    plan = qas.plan(waiting, ctx)
-    prio = qas.last["priority"]
-    for r, s in zip(waiting, sk):
-        al = plan.align.get(r.id) or s
-        assert Counter(al) == Counter(s)  # the multiset of segments is preserved
-        k = min(f, len(s)) if len(s) > 1 else 0
-        top = sorted(s, key=lambda x: (-prio[x], x))[:k]
-        assert list(al[:k]) == top  # the top f lead, best first
-        assert [x for x in al[k:]] == [x for x in s if x not in top]  # the rest keep their order
-    assert sorted(r.id for r in plan.order) == [r.id for r in waiting]
+@settings(max_examples=120, deadline=None)
+@given(rounds=st.lists(st.tuples(skeletons, st.integers(0, 6), st.lists(st.booleans(), min_size=25, max_size=25)),
+                       min_size=1, max_size=4),
+       f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
+       active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)))
+def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active):
+    """Order, alignment, buckets, cold lane, next counter and published priorities equal a plain
+    implementation of the design, round after round."""
+    qas = QAS(QASConfig(f_front=f, kappa=kappa, q_cold=q_cold))
+    ref = ReferenceQAS(f_front=f, kappa=kappa, q_cold=q_cold)
+    hints = DemandHints(active=Counter(active))
+    waiting: list[Req] = []
+    rid = 0
+    for new, admit, fixed in rounds:
+        for j, s in enumerate(new):
+            r = req(rid, float(rid // 2), s)  # equal arrival times: ties by id
+            r.fixed_order = fixed[j]
+            waiting.append(r)
+            rid += 1
+        if not waiting:
+            continue
+        ctx = SchedContext(0.0, NoCache(), (), hints, batch_hint=hint)
+        plan = qas.plan(waiting, ctx)
+        order, aligned, cold = ref.plan(waiting, hints.active, hint)
+        assert [r.id for r in plan.order] == [r.id for r in order]
+        assert plan.cold == cold
+        for r in waiting:
+            assert (plan.align.get(r.id) or tuple(s.id for s in r.segments if s.kind == REUSE)) == aligned[r.id]
+            assert Counter(aligned[r.id]) == Counter(s.id for s in r.segments if s.kind == REUSE)
+        if qas.last is not None:  # kept for small queues
+            assert dict(qas.last["buckets"]) == pytest.approx(dict(ref.last["buckets"]))
+            assert qas.last["priority"] == pytest.approx(ref.last["priority"])
+        admitted = plan.order[:admit]
+        qas.on_dispatch(admitted, ctx)
+        published = ref.dispatch(admitted)
+        if admitted:
+            assert dict(hints.priority) == pytest.approx(published)
+            assert qas.next_counter == +ref.next
+        gone = {r.id for r in admitted}
+        waiting = [r for r in waiting if r.id not in gone]
 
 
 @settings(max_examples=60, deadline=None)
