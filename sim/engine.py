@@ -222,8 +222,8 @@ class Engine:
                 break
             # a plan's realignment matters once the request reaches the cache, so it is applied here
             skeleton = plan.align.get(seq.id)
-            if skeleton is not None and seq.realign(skeleton):
-                self.counters["front_alignment_moves"] += 1
+            if skeleton is not None:
+                seq.realign(skeleton)
             hit, node = self.cache.match(seq.key[:-TOKEN_BYTES], now, seq.layout)
             new = seq.prompt_len - hit
             self.cache.lock(node)
@@ -242,6 +242,7 @@ class Engine:
             seq.hit = seq.done = hit
             seq.node = node
             seq.lane = "cold" if seq.id in plan.cold else "hot"
+            self.counters["front_alignment_moves"] += seq.realigned  # admitted in a new segment order
             self.reserved += need
             self._take(seq, take)
             batch.append((seq, take, hit))
