@@ -22,16 +22,24 @@ def _series(agg: list[dict[str, Any]], metric: str) -> dict[str, tuple[np.ndarra
     return out
 
 
+def _colors(agg: list[dict[str, Any]]) -> dict[str, str]:
+    """One color per method, the same in every plot of a sweep."""
+    return {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(a["method"] for a in agg))}
+
+
 def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, extra=None,
                infinite: bool = False) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    colors = _colors(agg)
     for method, (x, y, ci) in _series(agg, metric).items():
-        line = ax.errorbar(x, y, yerr=ci, marker="o", capsize=3, label=method)
+        # on a log axis a confidence interval wider than the mean would reach zero: clip its lower arm
+        lower = np.minimum(ci, 0.9 * y) if log else ci
+        ax.errorbar(x, y, yerr=[lower, ci], marker="o", capsize=3, label=method, color=colors[method])
         if extra:
             for ref_metric, style, name in extra:
                 ref = _series(agg, ref_metric).get(method)
                 if ref is not None and len(ref[0]):
-                    ax.plot(ref[0], ref[1], style, color=line[0].get_color(), alpha=0.6, label=f"{method} {name}")
+                    ax.plot(ref[0], ref[1], style, color=colors[method], alpha=0.6, label=f"{method} {name}")
     if infinite:  # a property of the trace, the same for every method
         by_qps: dict[float, list[float]] = {}
         for a in agg:
@@ -61,13 +69,13 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> l
     if cdf_qps is not None:
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
-        for method_dir in sorted((out / "runs").glob("*")):
-            runs = sorted(method_dir.glob(f"qps{cdf_qps:g}-seed*"))
+        for method, color in _colors(agg).items():
+            runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
             if not runs:
                 continue
             with (runs[0] / "requests.csv").open() as f:
                 ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
-            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method_dir.name)
+            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method, color=color)
             drawn = True
         if drawn:
             ax.set_xscale("log")
