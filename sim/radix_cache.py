@@ -144,10 +144,10 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                child = self._new_node(node, key[pos:n], layout)
-                added += child.length
-                pos = n
-                node = child
+                for cut in self._cuts(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout):
+                    node = self._new_node(node, key[pos:cut * TOKEN_BYTES], layout)
+                    added += node.length
+                    pos = cut * TOKEN_BYTES
                 break
             ck = child.key
             if not key.startswith(ck, pos):
@@ -158,9 +158,21 @@ class RadixCache:
             pos += len(ck)
             node = child
         node.last_access = now
-        if self.anchors and layout:
-            node = self._anchor(key, layout, now)
         return added, node
+
+    def _cuts(self, start: int, end: int, layout: Layout | None) -> list[int]:
+        """Where new nodes covering tokens [start, end) end: with anchors, at every (page-aligned) segment
+        boundary in between, so each new node belongs to one segment; else one node.
+
+        Existing nodes need no such pass: a boundary inside one would mean two prompts that agree on the
+        token where a segment starts, and only that segment's prompts have its first token there (first
+        tokens are unique, see prism.core); text-tokenized traces are the exception, and keep the owner of
+        the prompt that inserted the node."""
+        if not (self.anchors and layout):
+            return [end]
+        page = self.page_size
+        cuts = sorted({e - e % page for e, _, _ in layout if start < e - e % page < end})
+        return cuts + [end]
 
     def _new_node(self, parent: Node, key: bytes, layout: Layout | None) -> Node:
         depth = parent.depth + len(key) // TOKEN_BYTES
@@ -195,32 +207,6 @@ class RadixCache:
         child.parent = upper
         upper.children[child.key[:self._pb]] = child
         return upper
-
-    def _anchor(self, key: bytes, layout: Layout, now: float) -> Node:
-        """Make every (page-aligned) segment boundary along ``key`` a node boundary; set node owners."""
-        total = len(key) // TOKEN_BYTES
-        page = self.page_size
-        cuts = sorted({e - e % page for e, _, _ in layout if 0 < e - e % page < total})
-        node, depth, i = self.root, 0, 0
-        while depth < total:
-            child = node.children[key[depth * TOKEN_BYTES:depth * TOKEN_BYTES + self._pb]]
-            end = depth + child.length
-            while i < len(cuts) and cuts[i] <= depth:
-                i += 1
-            if i < len(cuts) and cuts[i] < end:
-                child = self._split(child, cuts[i] - depth, layout)
-                end = cuts[i]
-            self._set_owner(child, *_owner(layout, end))
-            node, depth = child, end
-        return node
-
-    def _set_owner(self, node: Node, kind: str, seg: str) -> None:
-        if (kind, seg) == (node.kind, node.seg_id):
-            return
-        self._disown(node)
-        node.kind, node.seg_id = kind, seg
-        if kind != PRIV:
-            self.resident[seg] += 1
 
     def _disown(self, node: Node) -> None:
         if node.kind != PRIV:
