@@ -24,6 +24,9 @@ Choices the design leaves open, made here:
 * a bucket's reusable segments are the union of its requests' segments; its provisional hot-lane batch is
   its first ``batch_hint`` requests (the engine's free running slots; all of them when unknown);
 * requests marked ``fixed_order`` (conversation history, document blocks) are bucketed but never realigned;
+* ``window_s``: 0 (default) runs a round per scheduler iteration, inside the engine; a positive window runs
+  QAS as an admission front end before an unmodified FCFS engine (``prism.sim.frontend``), one round per
+  window over the requests that arrived in it. 20-50 ms keeps the added delay below a prefill iteration;
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment QAS knows (zero for those without
   demand), for DART.
 
@@ -56,6 +59,8 @@ class QASConfig:
     alpha_size: float = nonneg(1.0, "bucket score weight of the bucket's size")
     beta_util: float = nonneg(0.5, "bucket score weight of the bucket's utility U(b)")
     q_cold: int = nonneg(2, "oldest waiting requests in the FIFO cold lane")
+    window_s: float = nonneg(0.0, "0: a round per scheduler iteration (inside the engine); > 0: QAS runs as an "
+                                  "admission front end, one round per window of this many seconds")
 
 
 class PriorityView(Mapping):

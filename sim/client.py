@@ -14,7 +14,9 @@ from prism.sim.engine import Engine, Seq
 
 class Client:
     """Sends each request at its arrival time; past ``max_concurrency`` requests in flight, later ones
-    wait client-side (that wait counts in their admission delay, as in a real benchmark client)."""
+    wait client-side (that wait counts in their admission delay, as in a real benchmark client).
+
+    ``engine`` is anything with ``submit(seq)``: the engine itself, or an admission front end before it."""
 
     def __init__(self, env: simpy.Environment, engine: Engine, requests: Sequence[Request],
                  max_concurrency: int | None = None) -> None:

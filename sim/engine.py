@@ -56,7 +56,7 @@ class Seq:
     def __init__(self, req: Request) -> None:
         self.req = req
         self.id = req.id
-        self.arrival = req.arrival
+        self.arrival = req.arrival  # when this engine received it (set on submit); the trace's is req.arrival
         self.output_len = req.output_len
         self.fixed_order = req.fixed_order
         self.set_segments(req.segments)
@@ -131,7 +131,9 @@ class Engine:
 
     # ------------------------------------------------------------------ arrivals
     def submit(self, seq: Seq) -> None:
-        seq.sent = self.env.now
+        """A request reaches the engine: schedulers see this time as its arrival (FIFO order is the order
+        requests reach the engine, as in SGLang's waiting queue)."""
+        seq.sent = seq.arrival = self.env.now
         self.waiting.append(seq)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -241,7 +243,8 @@ class Engine:
                 break
             seq.hit = seq.done = hit
             seq.node = node
-            seq.lane = "cold" if seq.id in plan.cold else "hot"
+            if not seq.lane:  # a front end may have set it already
+                seq.lane = "cold" if seq.id in plan.cold else "hot"
             self.counters["front_alignment_moves"] += seq.realigned  # admitted in a new segment order
             self.reserved += need
             self._take(seq, take)

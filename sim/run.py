@@ -14,8 +14,11 @@ from prism.errors import UserError
 from prism.policies.registry import make_policies
 from prism.traces.trace import Trace
 
+from prism.policies.fcfs import FCFS
+from prism.policies.qas import QAS
 from prism.sim.client import Client
 from prism.sim.engine import Engine, EngineConfig, Seq
+from prism.sim.frontend import FrontEnd
 from prism.sim.metrics import RequestRecord, summarize
 
 
@@ -38,7 +41,7 @@ def kv_capacity(config: EngineConfig, profile: Profile, trace: Trace) -> int:
 
 
 def _record(seq: Seq) -> RequestRecord:
-    return RequestRecord(seq.id, seq.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
+    return RequestRecord(seq.id, seq.req.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
                          seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned)
 
 
@@ -49,6 +52,9 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     wall0 = time.perf_counter()
     capacity = kv_capacity(engine, profile, trace)
     sched, evict, hints = make_policies(scheduler, eviction, knobs, requests=trace.requests)
+    front_sched = None
+    if isinstance(sched, QAS) and sched.config.window_s > 0:  # QAS before an unmodified FCFS engine
+        front_sched, sched = sched, FCFS()
     env = simpy.Environment()
     records: list[RequestRecord] = []
     done = env.event()
@@ -64,11 +70,13 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
             done.succeed()
 
     eng = Engine(env, engine, profile.cost, sched, evict, capacity, hints, on_finish)
-    client = Client(env, eng, trace.requests, engine.max_concurrency)
+    front = FrontEnd(env, eng, front_sched, front_sched.config.window_s) if front_sched else None
+    client = Client(env, front or eng, trace.requests, engine.max_concurrency)
     env.run(until=done)
     bar.close()
 
-    counters = dict(sorted({**eng.counters, **sched.stats()}.items()))
+    counters = dict(sorted({**eng.counters, **sched.stats(),
+                            **(front_sched.stats() if front else {}), **(front.counters if front else {})}.items()))
     if qps is None:
         qps = trace.spec.get("qps")
     if qps is None:  # a replayed trace at its own timestamps: report its measured rate
