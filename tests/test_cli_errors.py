@@ -77,6 +77,16 @@ def test_trace_cli_errors(tmp_path, capsys):
     assert code == 2 and "r_hot" in err
 
 
+def test_example_config_loads_and_runs(tmp_path, capsys):
+    from conftest import ROOT
+
+    code = sim_main(["--trace", "zipf", "--config", str(ROOT / "examples" / "sim-config.yaml"),
+                     "--set", "trace.num_requests=100", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["method"] == "prism" and summary["qps"] == 25 and summary["num_requests"] == 100
+
+
 def test_sim_cli_writes_results(tmp_path, capsys):
     out = tmp_path / "run"
     code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--qps", "20", "--out", str(out),
