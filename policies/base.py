@@ -66,15 +66,16 @@ class DemandHints:
     """Demand signals shared by a scheduler and an eviction policy of one engine.
 
     ``active[r]``: admitted, unfinished requests that contain segment r (kept by the engine).
-    ``priority[r]``: the scheduler's published priority P̂(r) of its last dispatch (empty without QAS).
+    ``priority[r]``: the scheduler's published priority P̂(r) of its last dispatch (empty without QAS;
+    segments without demand are absent).
     ``version`` increases with every publication so that a policy can cache derived sets.
     """
 
     active: Counter = field(default_factory=Counter)
-    priority: dict[str, float] = field(default_factory=dict)
+    priority: Mapping[str, float] = field(default_factory=dict)
     version: int = 0
 
-    def publish(self, priority: dict[str, float]) -> None:
+    def publish(self, priority: Mapping[str, float]) -> None:
         self.priority = priority
         self.version += 1
 

@@ -9,6 +9,7 @@ than 20% are flagged.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -120,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]
     rows = compare(summaries, settings, trace)
     write_json(rows, out / "theory.json")
-    import csv
-
     with (out / "theory.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
