@@ -26,7 +26,8 @@ max_total_tokens=32768 KV tokens, so that eviction matters on the default trace.
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL) or built-in name 'zipf'")
+    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
+                                                      "zipf, multihop, agent, mooncake")
     p.add_argument("--config", help="YAML file with simulation settings")
     p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
     p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
