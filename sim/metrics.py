@@ -54,13 +54,36 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _row(r: RequestRecord) -> list[str]:
+    return [_fmt(getattr(r, c)) for c in CSV_COLUMNS]
+
+
 def write_requests_csv(records: Iterable[RequestRecord], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
         for r in sorted(records, key=lambda r: r.id):
-            row = [getattr(r, c) for c in CSV_COLUMNS]
-            w.writerow([_fmt(v) for v in row])
+            w.writerow(_row(r))
+
+
+class RecordStream:
+    """Appends each finished request to a CSV as it completes, so that an interrupted run keeps what it
+    simulated; :func:`write_requests_csv` later rewrites the file in request order."""
+
+    def __init__(self, path: Path, flush_every: int = 256) -> None:
+        self._f = path.open("w", newline="")
+        self._w = csv.writer(self._f)
+        self._w.writerow(CSV_COLUMNS)
+        self._n, self._every = 0, flush_every
+
+    def __call__(self, r: RequestRecord) -> None:
+        self._w.writerow(_row(r))
+        self._n += 1
+        if self._n % self._every == 0:
+            self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import simpy
 from tqdm import tqdm
@@ -47,8 +47,10 @@ def _record(seq: Seq) -> RequestRecord:
 
 def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, profile: Profile,
              knobs: dict[str, Any] | None = None, label: str | None = None, progress: bool = False,
-             qps: float | None = None) -> SimResult:
-    """Replay ``trace`` through one simulated engine; deterministic for a given input."""
+             qps: float | None = None, on_record: Callable[[RequestRecord], None] | None = None) -> SimResult:
+    """Replay ``trace`` through one simulated engine; deterministic for a given input.
+
+    ``on_record`` sees each request's record as it finishes (to write results as they come)."""
     wall0 = time.perf_counter()
     capacity = kv_capacity(engine, profile, trace)
     sched, evict, hints = make_policies(scheduler, eviction, knobs, requests=trace.requests)
@@ -64,6 +66,8 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
 
     def on_finish(seq: Seq) -> None:
         records.append(_record(seq))
+        if on_record is not None:
+            on_record(records[-1])
         client.finished(seq)
         bar.update(1)
         if len(records) == total:

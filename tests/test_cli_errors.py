@@ -77,6 +77,27 @@ def test_trace_cli_errors(tmp_path, capsys):
     assert code == 2 and "r_hot" in err
 
 
+def test_interrupted_run_keeps_finished_requests(tmp_path, capsys, monkeypatch):
+    from prism.sim import engine as engine_mod
+
+    original = engine_mod.Engine._finish
+    count = {"n": 0}
+
+    def finish(self, seq):
+        original(self, seq)
+        count["n"] += 1
+        if count["n"] == 40:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_mod.Engine, "_finish", finish)
+    out = tmp_path / "run"
+    code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--out", str(out), "--no-progress"])
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == 1 + 40 and rows[0].startswith("id,arrival")
+    assert not (out / "summary.json").exists()
+
+
 def test_example_config_loads_and_runs(tmp_path, capsys):
     from conftest import ROOT
 

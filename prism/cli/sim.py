@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prism.cli.common import entry_point, table
 from prism.policies.registry import EVICTIONS, METHODS, SCHEDULERS
-from prism.sim.metrics import write_json, write_requests_csv
+from prism.sim.metrics import RecordStream, write_json, write_requests_csv
 from prism.sim.run import simulate
 from prism.sim.settings import merge_flags, read_config, settings_from
 
@@ -73,13 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     profile = settings.load_profile()
     trace = settings.load_trace(args.trace)
     qps = settings.qps(trace)
-    result = simulate(trace, settings.scheduler, settings.eviction, settings.engine, profile, settings.knobs,
-                      label=settings.label, progress=not args.no_progress and sys.stderr.isatty(), qps=qps)
+    seed = trace.spec.get("seed")
+    out = Path(args.out) if args.out else (
+        Path("runs") / Path(args.trace).stem / f"{settings.label}-qps{'trace' if qps is None else f'{qps:g}'}"
+                                               f"-seed{seed}")
+    out.mkdir(parents=True, exist_ok=True)
+    stream = RecordStream(out / "requests.csv")  # an interrupted run keeps the requests it finished
+    try:
+        result = simulate(trace, settings.scheduler, settings.eviction, settings.engine, profile, settings.knobs,
+                          label=settings.label, progress=not args.no_progress and sys.stderr.isatty(), qps=qps,
+                          on_record=stream)
+    finally:
+        stream.close()
     s = result.summary
     s["trace"] = args.trace
-    out = Path(args.out) if args.out else (
-        Path("runs") / Path(args.trace).stem / f"{settings.label}-qps{s['qps']:g}-seed{s['seed']}")
-    out.mkdir(parents=True, exist_ok=True)
     write_requests_csv(result.records, out / "requests.csv")
     write_json(s, out / "summary.json")
     print(table(_summary_rows(s), SUMMARY_HEADER))
