@@ -199,7 +199,7 @@ class QAS(Scheduler):
         nxt[:len(self._next)] = self._next[:V]
         base = cfg.w_a * a + cfg.w_g * g
         prio = base + cfg.w_n * nxt
-        ranked = np.lexsort((np.arange(V), -prio))  # by priority, ties to the segment seen first
+        ranked = np.argsort(-prio, kind="stable")  # by priority, ties to the segment seen first
         rank = np.empty(V, dtype=np.int64)
         rank[ranked] = np.arange(V)
 
@@ -251,7 +251,7 @@ class QAS(Scheduler):
         hot = np.flatnonzero(~is_cold)
         hot = hot[np.lexsort((rid[hot], arrival[hot], bucket_rank[bucket[hot]]))]
         order_pos = np.concatenate([cold, hot])
-        order = [waiting[i] for i in order_pos]
+        order = [waiting[i] for i in order_pos.tolist()]
 
         aligner = _Aligner(rows_, rows, rank, cfg.f_front)
         position = {r.id: i for i, r in enumerate(waiting)}
