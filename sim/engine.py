@@ -180,6 +180,7 @@ class Engine:
         return self._free() + self.cache.evictable_size - self.reserved
 
     def _allocate(self, n: int) -> None:
+        """Make ``n`` tokens free, evicting unlocked leaves as needed (n may be 0: settle a deficit)."""
         short = n - self._free()
         if short > 0:
             self.eviction.prepare(self.cache)
@@ -193,6 +194,13 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
     def _form_prefill_batch(self) -> list[tuple[Seq, int, int]]:
+        batch = self._admit()
+        if batch:  # as SGLang does, evict once for the whole batch, after every admitted prefix is locked
+            self._allocate(0)
+        return batch
+
+    def _admit(self) -> list[tuple[Seq, int, int]]:
+        """Admit in the policy's order while budgets and KV space allow; [(request, new tokens, cached)]."""
         cfg, now, page = self.cfg, self.env.now, self.cfg.page_size
         batch: list[tuple[Seq, int, int]] = []
         rem_chunk, rem_input = cfg.chunked_prefill_size, cfg.max_prefill_tokens
@@ -269,8 +277,8 @@ class Engine:
         return batch
 
     def _take(self, seq: Seq, take: int) -> None:
-        """Allocate KV for the next ``take`` prompt tokens of ``seq`` (already reserved)."""
-        self._allocate(take)
+        """Claim KV for the next ``take`` prompt tokens of ``seq`` (already reserved); the batch's eviction
+        settles the space before the iteration runs."""
         self.inflight += take
         self.reserved -= take
 
