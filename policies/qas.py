@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -47,6 +48,9 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+
+
+_ID = attrgetter("id")
 
 
 @dataclass
@@ -146,8 +150,7 @@ class _Rows:
         return n
 
     def rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
-        get = self.row.get
-        rows = [get(r.id) for r in waiting]
+        rows = list(map(self.row.get, map(_ID, waiting)))
         if None in rows:
             rows = [self.add(r) if i is None else i for r, i in zip(waiting, rows)]
         return np.array(rows, dtype=np.int64)
@@ -199,9 +202,12 @@ class QAS(Scheduler):
         nxt[:len(self._next)] = self._next[:V]
         base = cfg.w_a * a + cfg.w_g * g
         prio = base + cfg.w_n * nxt
-        ranked = np.argsort(-prio, kind="stable")  # by priority, ties to the segment seen first
-        rank = np.empty(V, dtype=np.int64)
-        rank[ranked] = np.arange(V)
+        # rank the segments the queue holds (the only ones a signature or an alignment compares): by
+        # priority, ties to the segment seen first
+        present = np.flatnonzero(g)
+        ranked = present[np.argsort(-prio[present], kind="stable")]
+        rank = np.full(V, V, dtype=np.int64)
+        rank[ranked] = np.arange(len(ranked))
 
         # 2. signatures: the top-kappa reusable segments (kappa = 1: the best one)
         if cfg.kappa == 1 or rows_.width == 0:
@@ -251,17 +257,16 @@ class QAS(Scheduler):
         hot = np.flatnonzero(~is_cold)
         hot = hot[np.lexsort((rid[hot], arrival[hot], bucket_rank[bucket[hot]]))]
         order_pos = np.concatenate([cold, hot])
-        order = [waiting[i] for i in order_pos.tolist()]
+        order = list(itemgetter(*order_pos.tolist())(waiting)) if n > 1 else list(waiting)
 
-        aligner = _Aligner(rows_, rows, rank, cfg.f_front)
-        position = {r.id: i for i, r in enumerate(waiting)}
-        self._round = {"order_pos": order_pos, "position": position, "rows": rows, "base": base}
+        aligner = _Aligner(rows_, rank, cfg.f_front)
+        self._round = {"order_rows": rows[order_pos], "base": base}
         self.last = {"priority": {rows_.names[i]: float(prio[i]) for i in np.flatnonzero(prio)}, "waiting": waiting,
                      "buckets": [(tuple(waiting[i].id for i in grouped[s:s + k]), float(score[b]))
                                  for b, (s, k) in enumerate(zip(starts, size))]} if n <= 64 else None
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += nb
-        return Plan(order, _LazyAlign(aligner, position), frozenset(int(rid[i]) for i in cold))
+        return Plan(order, _LazyAlign(aligner, rid), frozenset(int(rid[i]) for i in cold))
 
     def _signatures(self, rows: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """kappa > 1: the top-kappa reusable segments, in their aligned order, as bucket keys."""
@@ -282,12 +287,11 @@ class QAS(Scheduler):
         if rnd is None:
             return
         V = len(rows_.names)
-        pos = np.fromiter((rnd["position"][r.id] for r in admitted), dtype=np.int64, count=len(admitted))
-        dispatched = rows_.counts(rnd["rows"][pos], V)
-        gone = np.zeros(len(rnd["rows"]), dtype=bool)
-        gone[pos] = True
-        rest = rnd["order_pos"][~gone[rnd["order_pos"]]]
-        self._next = rows_.counts(rnd["rows"][rest[:len(admitted)]], V).astype(float)
+        taken = rows_.rows_of(admitted)
+        dispatched = rows_.counts(taken, V)
+        order_rows = rnd["order_rows"]
+        rest = order_rows[~np.isin(order_rows, taken)]
+        self._next = rows_.counts(rest[:len(admitted)], V).astype(float)
         if ctx.hints is not None:
             ctx.hints.publish(PriorityView(rows_.index, rows_.names, rnd["base"] + cfg.w_n * dispatched))
         self._round = None
@@ -310,11 +314,10 @@ def _align(skeleton: list[int], rank: np.ndarray, f: int) -> list[int]:
 class _Aligner:
     """Front alignment on demand: the engine only needs it for the requests it admits."""
 
-    def __init__(self, rows: _Rows, row_of: np.ndarray, rank: np.ndarray, f_front: int) -> None:
-        self.rows, self.row_of, self.rank, self.f = rows, row_of, rank, f_front
+    def __init__(self, rows: _Rows, rank: np.ndarray, f_front: int) -> None:
+        self.rows, self.rank, self.f = rows, rank, f_front
 
-    def aligned(self, i: int) -> tuple[str, ...]:
-        row = int(self.row_of[i])
+    def aligned(self, row: int) -> tuple[str, ...]:
         sk = self.rows.skeleton[row]
         if self.rows.fixed[row]:
             return sk
@@ -325,19 +328,19 @@ class _Aligner:
 class _LazyAlign(Mapping):
     """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes."""
 
-    def __init__(self, aligner: _Aligner, position: dict[int, int]) -> None:
+    def __init__(self, aligner: _Aligner, ids: np.ndarray) -> None:
         self._aligner = aligner
-        self._position = position
+        self._ids = ids  # this round's waiting requests
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
-        i = self._position[rid]
-        al = self._aligner.aligned(i)
-        if al == self._aligner.rows.skeleton[int(self._aligner.row_of[i])]:
+        row = self._aligner.rows.row[rid]
+        al = self._aligner.aligned(row)
+        if al == self._aligner.rows.skeleton[row]:
             raise KeyError(rid)
         return al
 
     def __iter__(self):
-        return (rid for rid in self._position if rid in self)
+        return (rid for rid in self._ids.tolist() if rid in self)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
