@@ -99,6 +99,16 @@ def test_mooncake_infinite_cache_hit_rate(mooncake_records):
     assert st["infinite_cache_block_hit_rate"] == pytest.approx(0.366, abs=0.001)
 
 
+def test_trace_stats_on_the_raw_mooncake_file(capsys):
+    path = need_data("mooncake", "conversation_trace.jsonl")
+    assert trace_main(["stats", str(path), "--json"]) == 0
+    import json
+
+    st = json.loads(capsys.readouterr().out)
+    assert st["kind"] == "mooncake" and st["requests"] == 12031
+    assert st["infinite_cache_block_hit_rate"] == pytest.approx(0.366, abs=0.001)
+
+
 def test_mooncake_time_scaling_and_remapping(mooncake_records):
     base = mooncake_generate(MooncakeSpec(num_requests=3000))
     for qps in (2.0, 7.5):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -58,11 +60,24 @@ def is_materialized(path: Path) -> bool:
     return path.suffix in (".jsonl", ".json")
 
 
+def is_mooncake_file(path: Path) -> bool:
+    """A raw Mooncake trace (``{timestamp, input_length, output_length, hash_ids}`` per line)."""
+    try:
+        with path.open() as f:
+            first = json.loads(f.readline() or "null")
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and "hash_ids" in first and "input_length" in first
+
+
 def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
     """Generate from a spec or read a materialized file; ``overrides`` are spec fields (``qps`` also
     rescales a materialized trace, ``num_requests`` cuts it)."""
     overrides = dict(overrides or {})
     p = resolve(source)
+    if is_materialized(p) and is_mooncake_file(p):  # replay a raw Mooncake file with the default options
+        spec = parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p))
+        return GENERATORS["mooncake"][1](spec)
     if is_materialized(p):
         t = trace_format.load(p)
         qps = overrides.pop("qps", None)
