@@ -103,8 +103,6 @@ class Plan:
 class Scheduler:
     """Orders the waiting queue; subclasses override :meth:`plan`."""
 
-    name = "base"
-
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         raise NotImplementedError
 
@@ -127,7 +125,6 @@ class EvictionPolicy:
     segment (demand-aware policies need that; plain LRU, like SGLang's, does not).
     """
 
-    name = "base"
     needs_anchors = False
 
     def __init__(self, hints: DemandHints | None = None) -> None:

@@ -21,7 +21,6 @@ from prism.policies.base import EvictionPolicy, NodeView, WaitingRequest
 
 
 class Belady(EvictionPolicy):
-    name = "belady"
     needs_anchors = True
 
     def __init__(self, requests: Sequence[Request]) -> None:

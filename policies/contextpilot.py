@@ -125,8 +125,6 @@ def search(root: TreeNode, context: tuple[str, ...]) -> tuple[list[int], TreeNod
 
 
 class ContextPilot(Scheduler):
-    name = "contextpilot"
-
     def __init__(self, config: ContextPilotConfig | None = None) -> None:
         self.config = config or ContextPilotConfig()
         self.history: OrderedDict[tuple[str, ...], None] = OrderedDict()

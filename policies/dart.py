@@ -34,7 +34,6 @@ class DARTConfig:
 
 
 class DART(EvictionPolicy):
-    name = "dart"
     needs_anchors = True
 
     def __init__(self, config: DARTConfig | None = None, hints: DemandHints | None = None) -> None:

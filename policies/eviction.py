@@ -11,16 +11,12 @@ from prism.policies.base import EvictionPolicy, NodeView
 class LRU(EvictionPolicy):
     """Least recently used leaf first: SGLang's default."""
 
-    name = "lru"
-
     def key(self, node: NodeView) -> tuple:
         return (node.last_access,)
 
 
 class LFU(EvictionPolicy):
     """Least often hit first, least recently used among equals."""
-
-    name = "lfu"
 
     def key(self, node: NodeView) -> tuple:
         return (node.hit_count, node.last_access)
@@ -29,7 +25,6 @@ class LFU(EvictionPolicy):
 class LRUActive(EvictionPolicy):
     """LRU, but nodes of segments that running requests contain (a(r) > 0) go after all others."""
 
-    name = "lru_active"
     needs_anchors = True
 
     def key(self, node: NodeView) -> tuple:

@@ -9,8 +9,6 @@ from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 
 
 class FCFS(Scheduler):
-    name = "fcfs"
-
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         # stable: equal arrival times keep queue (submission) order
         return Plan(sorted(waiting, key=attrgetter("arrival")))

@@ -22,8 +22,6 @@ class KLPMConfig:
 
 
 class KLPM(Scheduler):
-    name = "klpm"
-
     def __init__(self, config: KLPMConfig | None = None) -> None:
         self.config = config or KLPMConfig()
         self.admitted = 0  # admissions so far, across rounds

@@ -32,8 +32,6 @@ class LPMConfig:
 
 
 class LPM(Scheduler):
-    name = "lpm"
-
     def __init__(self, config: LPMConfig | None = None) -> None:
         self.config = config or LPMConfig()
 
@@ -65,8 +63,6 @@ class DFSWeight(LPM):
     """SGLang's DFS-weight: group requests by the cache node their match ends at, weight each node by the
     requests below it, and emit a depth-first walk that enters heavier children first
     and emits a node's own requests after its subtree."""
-
-    name = "dfs_weight"
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:

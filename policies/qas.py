@@ -164,8 +164,6 @@ class _Rows:
 
 
 class QAS(Scheduler):
-    name = "qas"
-
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = config or QASConfig()
         self.rows = _Rows()

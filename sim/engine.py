@@ -77,7 +77,7 @@ class Seq:
     def realign(self, skeleton: tuple[str, ...]) -> bool:
         """Put the reusable segments in ``skeleton`` order (same multiset); True if the order changed.
 
-        Only prompts made of sys + reusable + one private suffix can be realigned."""
+        The system prompt stays first and private segments last; ``fixed_order`` prompts never move."""
         if self.fixed_order:
             return False
         reuse = {s.id: s for s in self.segments if s.kind == REUSE}
@@ -91,7 +91,8 @@ class Seq:
         self.realigned = True
         return True
 
-    def reuse_ids(self):
+    def shared_ids(self):
+        """Ids of the segments other requests may share (system and reusable), as the demand counters see them."""
         return (s.id for s in self.segments if s.kind != PRIV)
 
     def __lt__(self, other: "Seq") -> bool:  # heap tie-break
@@ -260,7 +261,7 @@ class Engine:
             admitted.append(seq)
             self.active[seq.id] = seq
             self.eviction.on_admit(seq)
-            for r in seq.reuse_ids():
+            for r in seq.shared_ids():
                 self.hints.active[r] += 1
             rem_chunk -= take
             rem_input -= take
@@ -316,7 +317,7 @@ class Engine:
         self.full = False
         seq.finish = max(now, seq.first_token)
         del self.active[seq.id]
-        for r in seq.reuse_ids():
+        for r in seq.shared_ids():
             c = self.hints.active[r] - 1
             if c:
                 self.hints.active[r] = c
