@@ -169,8 +169,20 @@ class QAS(Scheduler):
         self.rows = _Rows()
         self._next = np.zeros(0)  # n(r) over the predicted next batch, by segment index
         self._round: dict | None = None  # what on_dispatch needs from the last plan
-        self.last: dict | None = None  # the last round's priorities and buckets (for inspection and tests)
+        self._last: tuple | None = None
         self.counters: Counter = Counter()
+
+    @property
+    def last(self) -> dict | None:
+        """The last round's priorities (segment -> P) and buckets ((request ids...), score), built on demand
+        for inspection and tests, so that rounds pay nothing for it."""
+        if self._last is None:
+            return None
+        waiting, prio, grouped, starts, size, score = self._last
+        names = self.rows.names
+        return {"priority": {names[i]: float(prio[i]) for i in np.flatnonzero(prio)},
+                "buckets": [(tuple(waiting[i].id for i in grouped[s:s + k]), float(score[b]))
+                            for b, (s, k) in enumerate(zip(starts.tolist(), size.tolist()))]}
 
     @property
     def next_counter(self) -> Counter:
@@ -259,9 +271,7 @@ class QAS(Scheduler):
 
         aligner = _Aligner(rows_, rank, cfg.f_front)
         self._round = {"order_rows": rows[order_pos], "base": base}
-        self.last = {"priority": {rows_.names[i]: float(prio[i]) for i in np.flatnonzero(prio)}, "waiting": waiting,
-                     "buckets": [(tuple(waiting[i].id for i in grouped[s:s + k]), float(score[b]))
-                                 for b, (s, k) in enumerate(zip(starts, size))]} if n <= 64 else None
+        self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += nb
         return Plan(order, _LazyAlign(aligner, rid), frozenset(int(rid[i]) for i in cold))

@@ -124,9 +124,9 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
         for r in waiting:
             assert (plan.align.get(r.id) or tuple(s.id for s in r.segments if s.kind == REUSE)) == aligned[r.id]
             assert Counter(aligned[r.id]) == Counter(s.id for s in r.segments if s.kind == REUSE)
-        if qas.last is not None:  # kept for small queues
-            assert dict(qas.last["buckets"]) == pytest.approx(dict(ref.last["buckets"]))
-            assert qas.last["priority"] == pytest.approx(ref.last["priority"])
+        last = qas.last
+        assert dict(last["buckets"]) == pytest.approx(dict(ref.last["buckets"]))
+        assert last["priority"] == pytest.approx(ref.last["priority"])
         admitted = plan.order[:admit]
         qas.on_dispatch(admitted, ctx)
         published = ref.dispatch(admitted)
