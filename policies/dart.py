@@ -19,7 +19,6 @@ while staying a small fraction of a cache that holds hundreds of segments.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 from prism.config import nonneg
@@ -54,9 +53,12 @@ class DART(EvictionPolicy):
         if self._version == self.hints.version and all(s in resident for s in self.protected):
             return
         self._version = self.hints.version
-        small, large = (resident, prio) if len(resident) < len(prio) else (prio, resident)
-        candidates = [(-prio[s], s) for s in small if s in large]
-        self.protected = frozenset(s for _, s in heapq.nsmallest(f, candidates))
+        if len(resident) < len(prio):
+            candidates = [(-p, s) for s in resident if (p := prio.get(s, 0.0)) > 0]
+        else:
+            candidates = [(-p, s) for s, p in prio.items() if p > 0 and s in resident]
+        candidates.sort()
+        self.protected = frozenset(s for _, s in candidates[:f])
 
     def key(self, node: NodeView) -> tuple:
         if not self._hinted:  # no hints: plain LRU

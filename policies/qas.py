@@ -27,8 +27,8 @@ Choices the design leaves open, made here:
 * ``window_s``: 0 (default) runs a round per scheduler iteration, inside the engine; a positive window runs
   QAS as an admission front end before an unmodified FCFS engine (``prism.sim.frontend``), one round per
   window over the requests that arrived in it. 20-50 ms keeps the added delay below a prefill iteration;
-* the published priorities P̂(r) = P(r; B_dispatch) cover every segment QAS knows (zero for those without
-  demand), for DART.
+* the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
+  the others are absent (zero).
 
 Cost per round: O(S) in queued segment occurrences S plus a sort of the known segments and of the buckets,
 all in vectorised numpy; no all-pairs work. Per request, QAS keeps its segment indices in a matrix row
@@ -39,8 +39,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -67,51 +68,28 @@ class QASConfig:
                                   "admission front end, one round per window of this many seconds")
 
 
-class PriorityView(Mapping):
-    """P̂ as a read-only mapping segment id -> priority over a numpy vector; zero entries are absent."""
-
-    def __init__(self, index: dict[str, int], names: list[str], values: np.ndarray) -> None:
-        self._index, self._names, self._values = index, names, values
-        self._list = values.tolist()  # eviction asks one segment at a time: plain floats answer fastest
-
-    def get(self, key, default=None):
-        i = self._index.get(key)
-        if i is None or i >= len(self._list):
-            return default
-        v = self._list[i]
-        return v if v > 0 else default
-
-    def __getitem__(self, key: str) -> float:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None
-
-    def __iter__(self) -> Iterator[str]:
-        return (self._names[i] for i in np.flatnonzero(self._values > 0))
-
-    def __len__(self) -> int:
-        return int(np.count_nonzero(self._values > 0))
-
-
 class _Rows:
-    """Each request's segment indices in a growing matrix, registered on first sight."""
+    """Each request's segment indices in a growing matrix, registered on first sight.
+
+    Column 0 holds the request's system segment (-1 without one), the rest its reusable segments in prompt
+    order (-1 padded): the counters read the whole row, signatures and utilities only the reusable part.
+    Rows are numbered in registration order; while requests are first seen in FIFO (arrival, id) order, as
+    an engine's queue shows them, the row number *is* the FIFO position and no round sorts by age.
+    """
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}  # segment id -> index, in first-seen order
         self.names: list[str] = []
         self.row: dict[int, int] = {}  # request id -> row
-        self.mat = np.full((64, 8), -1, dtype=np.int64)  # reusable segment indices, -1 padded
-        self.sys = np.full(64, -1, dtype=np.int64)  # index of the request's other shared segment (sys)
-        self.length = np.zeros(64, dtype=np.int64)
+        self.mat = np.full((64, 9), -1, dtype=np.int64)
+        self.length = np.zeros(64, dtype=np.int64)  # reusable segments per row
         self.arrival = np.zeros(64)
         self.rid = np.zeros(64, dtype=np.int64)
         self.fixed = np.zeros(64, dtype=bool)
         self.skeleton: list[tuple[str, ...]] = []
-        self.width = 0  # widest row so far
+        self.width = 1  # columns in use: 1 + the most reusable segments of a row
+        self.fifo_rows = True  # rows were registered in (arrival, id) order
+        self._last_age = (-np.inf, -1)
 
     def _seg(self, name: str) -> int:
         i = self.index.get(name)
@@ -125,27 +103,40 @@ class _Rows:
         mat = np.full((rows, cols), -1, dtype=np.int64)
         mat[:n, :self.mat.shape[1]] = self.mat[:n]
         self.mat = mat
-        for name in ("sys", "length", "arrival", "rid", "fixed"):
+        for name in ("length", "arrival", "rid", "fixed"):
             old = getattr(self, name)
-            new = np.full(rows, -1, dtype=old.dtype) if name == "sys" else np.zeros(rows, dtype=old.dtype)
+            new = np.zeros(rows, dtype=old.dtype)
             new[:n] = old[:n]
             setattr(self, name, new)
 
     def add(self, r: WaitingRequest) -> int:
         n = len(self.skeleton)
-        sk = tuple(s.id for s in r.segments if s.kind == REUSE)
+        reusable, system = [], None
+        for s in r.segments:
+            if s.kind == REUSE:
+                reusable.append(s.id)
+            elif s.kind != PRIV and system is None:
+                system = s.id
+        sk = tuple(reusable)
         capacity, cols = self.mat.shape
-        if n == capacity or len(sk) > cols:
-            self._grow(2 * capacity if n == capacity else capacity, max(cols, len(sk)))
-        self.mat[n, :len(sk)] = [self._seg(s) for s in sk]
-        others = [s.id for s in r.segments if s.kind not in (REUSE, PRIV)]
-        self.sys[n] = self._seg(others[0]) if others else -1
+        if n == capacity or len(sk) >= cols:
+            self._grow(2 * capacity if n == capacity else capacity, max(cols, len(sk) + 1))
+        index, seg = self.index, self._seg
+        # reusable first, then the system segment: the first-seen order of the design
+        self.mat[n, 1:1 + len(sk)] = [index[s] if s in index else seg(s) for s in sk]
+        if system is not None:
+            self.mat[n, 0] = index[system] if system in index else seg(system)
         self.length[n] = len(sk)
         self.arrival[n] = r.arrival
         self.rid[n] = r.id
         self.fixed[n] = bool(getattr(r, "fixed_order", False))
         self.skeleton.append(sk)
-        self.width = max(self.width, len(sk))
+        if len(sk) >= self.width:
+            self.width = len(sk) + 1
+        age = (r.arrival, r.id)
+        if age < self._last_age:
+            self.fifo_rows = False
+        self._last_age = age
         self.row[r.id] = n
         return n
 
@@ -158,9 +149,16 @@ class _Rows:
     def counts(self, rows: np.ndarray, size: int) -> np.ndarray:
         """Per segment: how many of these requests contain it (reusable and system segments)."""
         seg = self.mat[rows, :self.width]
-        out = np.bincount(seg[seg >= 0], minlength=size)
-        sys = self.sys[rows]
-        return out + np.bincount(sys[sys >= 0], minlength=size)
+        return np.bincount(seg[seg >= 0], minlength=size)
+
+    def fifo(self, rows: np.ndarray) -> np.ndarray:
+        """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
+        in that order, else each row's position in the sorted queue."""
+        if self.fifo_rows:
+            return rows
+        pos = np.empty(len(rows), dtype=np.int64)
+        pos[np.lexsort((self.rid[rows], self.arrival[rows]))] = np.arange(len(rows))
+        return pos
 
 
 class QAS(Scheduler):
@@ -170,6 +168,7 @@ class QAS(Scheduler):
         self._next = np.zeros(0)  # n(r) over the predicted next batch, by segment index
         self._round: dict | None = None  # what on_dispatch needs from the last plan
         self._last: tuple | None = None
+        self._queue: tuple[list, np.ndarray] | None = None  # the queue the last round left, and its rows
         self.counters: Counter = Counter()
 
     @property
@@ -189,92 +188,107 @@ class QAS(Scheduler):
         names = self.rows.names
         return Counter({names[i]: int(c) for i, c in enumerate(self._next) if c})
 
+    def _active(self, ctx: SchedContext, size: int) -> np.ndarray:
+        """a(r) by segment index, from the engine's active counter."""
+        a = np.zeros(size)
+        active = ctx.hints.active if ctx.hints is not None else None
+        if active:
+            idx = np.fromiter(map(self.rows.index.get, active, repeat(-1)), np.int64, len(active))
+            known = idx >= 0
+            a[idx[known]] = np.fromiter(active.values(), float, len(active))[known]
+        return a
+
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         cfg, rows_ = self.config, self.rows
         n = len(waiting)
-        rows = rows_.rows_of(waiting)
+        rows = self._rows_of(waiting)
         V = len(rows_.names)
-        seg = rows_.mat[rows, :rows_.width]
+        shared = rows_.mat[rows, :rows_.width]  # column 0: system segment; then the reusable ones
+        seg = shared[:, 1:]
         valid = seg >= 0
-        lengths = rows_.length[rows]
-        arrival, rid = rows_.arrival[rows], rows_.rid[rows]
+        fifo = rows_.fifo(rows)
+        span = int(fifo.max()) + 1  # FIFO keys lie in [0, span): a composite key is primary * span + fifo
 
         # counters and priorities over every known segment
-        g = rows_.counts(rows, V)
-        a = np.zeros(V)
-        if ctx.hints is not None:
-            for name, c in ctx.hints.active.items():
-                i = rows_.index.get(name)
-                if i is not None:
-                    a[i] = c
+        g = np.bincount(shared[shared >= 0], minlength=V)
+        base = cfg.w_a * self._active(ctx, V) + cfg.w_g * g
         nxt = np.zeros(V)
         nxt[:len(self._next)] = self._next[:V]
-        base = cfg.w_a * a + cfg.w_g * g
         prio = base + cfg.w_n * nxt
         # rank the segments the queue holds (the only ones a signature or an alignment compares): by
         # priority, ties to the segment seen first
         present = np.flatnonzero(g)
-        ranked = present[np.argsort(-prio[present], kind="stable")]
-        rank = np.full(V, V, dtype=np.int64)
-        rank[ranked] = np.arange(len(ranked))
+        rank = np.full(V + 1, V, dtype=np.int64)  # rank[-1] (padding) = V: never the best
+        rank[present[np.argsort(-prio[present], kind="stable")]] = np.arange(len(present))
 
-        # 2. signatures: the top-kappa reusable segments (kappa = 1: the best one)
-        if cfg.kappa == 1 or rows_.width == 0:
-            big = np.iinfo(np.int64).max
-            r = np.where(valid, rank[np.maximum(seg, 0)], big)
-            top = seg[np.arange(n), np.argmin(r, axis=1)] if rows_.width else np.full(n, -1)
-            sig = np.where(lengths > 0, top, -1)
+        # 2. signatures: the top-kappa reusable segments (kappa = 1: the best one; -1 without any)
+        if cfg.kappa == 1 or seg.shape[1] == 0:
+            if seg.shape[1]:
+                best = np.argmin(rank[seg], axis=1)
+                sig = np.where(valid[:, 0], seg[np.arange(n), best], -1)
+            else:
+                sig = np.full(n, -1, dtype=np.int64)
         else:
             sig = self._signatures(rows, rank)
 
-        # 4a. cold lane: the q_cold oldest waiting requests
-        by_age = np.lexsort((rid, arrival))
-        cold = by_age[:cfg.q_cold]
-
         # buckets, each FIFO
-        grouped = np.lexsort((rid, arrival, sig))
+        grouped = np.argsort((sig + 1) * span + fifo)
         sig_sorted = sig[grouped]
         new_bucket = np.empty(n, dtype=bool)
         new_bucket[:1] = True
-        new_bucket[1:] = sig_sorted[1:] != sig_sorted[:-1]
+        np.not_equal(sig_sorted[1:], sig_sorted[:-1], out=new_bucket[1:])
         bucket_sorted = np.cumsum(new_bucket) - 1
         starts = np.flatnonzero(new_bucket)
         nb = len(starts)
         bucket = np.empty(n, dtype=np.int64)
         bucket[grouped] = bucket_sorted
-        size = np.diff(np.append(starts, n))
+        size = np.empty(nb, dtype=np.int64)
+        np.subtract(starts[1:], starts[:-1], out=size[:-1])
+        size[-1] = n - starts[-1]
 
         # 3. scores: U(b) = mean over the bucket's reusable segments of P(r; B_hot_b), B_hot_b its first
         # `hint` requests; Score(b) = alpha·|T[b]| + beta·U(b)
         hint = ctx.batch_hint or n
         in_batch = (np.arange(n) - starts[bucket_sorted]) < hint
-        n_prov = np.bincount(bucket_sorted, weights=lengths[grouped] * in_batch, minlength=nb)
+        n_prov = np.bincount(bucket_sorted[in_batch], weights=rows_.length[rows[grouped[in_batch]]], minlength=nb)
         pairs = np.sort((bucket[:, None] * V + seg)[valid])
         pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs  # distinct (bucket, segment)
-        pb, ps = pairs // max(V, 1), pairs % max(V, 1)
-        sum_base = np.bincount(pb, weights=base[ps], minlength=nb)
+        pb, ps = np.divmod(pairs, max(V, 1))
         n_segs = np.bincount(pb, minlength=nb)
-        util = np.divide(sum_base + cfg.w_n * n_prov, n_segs, out=np.zeros(nb), where=n_segs > 0)
+        util = np.bincount(pb, weights=base[ps], minlength=nb) + cfg.w_n * n_prov
+        np.divide(util, n_segs, out=util, where=n_segs > 0)
         score = cfg.alpha_size * size + cfg.beta_util * util
 
-        # 4b. hot lane: buckets by descending score (ties: older head), FIFO inside, the cold ones left out
-        head = grouped[starts]
+        # 4. lanes: the q_cold oldest requests first (FIFO), then the hot lane: buckets by descending score
+        # (ties: older head), FIFO inside
         bucket_rank = np.empty(nb, dtype=np.int64)
-        bucket_rank[np.lexsort((rid[head], arrival[head], -score))] = np.arange(nb)
-        is_cold = np.zeros(n, dtype=bool)
-        is_cold[cold] = True
-        hot = np.flatnonzero(~is_cold)
-        hot = hot[np.lexsort((rid[hot], arrival[hot], bucket_rank[bucket[hot]]))]
-        order_pos = np.concatenate([cold, hot])
+        bucket_rank[np.lexsort((fifo[grouped[starts]], -score))] = np.arange(nb)
+        q = min(cfg.q_cold, n)
+        cold = np.argpartition(fifo, q - 1)[:q] if 0 < q < n else np.arange(q)
+        key = bucket_rank[bucket] * span + fifo
+        key[cold] = fifo[cold] - span  # the cold lane heads the order, in FIFO order
+        order_pos = np.argsort(key)
         order = list(itemgetter(*order_pos.tolist())(waiting)) if n > 1 else list(waiting)
 
+        rid = rows_.rid[rows]
         aligner = _Aligner(rows_, rank, cfg.f_front)
-        self._round = {"order_rows": rows[order_pos], "base": base}
+        self._round = {"order_rows": rows[order_pos], "base": base, "order": order}
+        self._queue = (order, self._round["order_rows"])
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += nb
-        return Plan(order, _LazyAlign(aligner, rid), frozenset(int(rid[i]) for i in cold))
+        return Plan(order, _LazyAlign(aligner, rid), frozenset(rid[cold].tolist()))
+
+    def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
+        """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the
+        admitted head) followed by new arrivals: then only the arrivals are looked up."""
+        if self._queue is not None:
+            known, rows = self._queue
+            m = len(known)
+            if len(waiting) >= m and waiting[:m] == known:  # a C-level pass: the same objects, in order
+                return np.concatenate([rows, self.rows.rows_of(waiting[m:])]) if len(waiting) > m else rows
+        return self.rows.rows_of(waiting)
 
     def _signatures(self, rows: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """kappa > 1: the top-kappa reusable segments, in their aligned order, as bucket keys."""
@@ -294,21 +308,28 @@ class QAS(Scheduler):
         rnd, cfg, rows_ = self._round, self.config, self.rows
         if rnd is None:
             return
-        V = len(rows_.names)
+        V, k = len(rows_.names), len(admitted)
         taken = rows_.rows_of(admitted)
-        dispatched = rows_.counts(taken, V)
         order_rows = rnd["order_rows"]
-        rest = order_rows[~np.isin(order_rows, taken)]
-        self._next = rows_.counts(rest[:len(admitted)], V).astype(float)
+        if np.array_equal(order_rows[:k], taken):  # the engine admitted the head of the order, as it does
+            rest = order_rows[k:2 * k]
+            self._queue = (rnd["order"][k:], order_rows[k:])
+        else:
+            rest = order_rows[~np.isin(order_rows, taken)][:k]
+            self._queue = None
+        self._next = rows_.counts(rest, V).astype(float)
         if ctx.hints is not None:
-            ctx.hints.publish(PriorityView(rows_.index, rows_.names, rnd["base"] + cfg.w_n * dispatched))
+            published = rnd["base"] + cfg.w_n * rows_.counts(taken, V)
+            nz = np.flatnonzero(published > 0)
+            names = itemgetter(*nz.tolist())(rows_.names) if len(nz) > 1 else [rows_.names[i] for i in nz]
+            ctx.hints.publish(dict(zip(names, published[nz].tolist())))
         self._round = None
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
 
 
-def _align(skeleton: list[int], rank: np.ndarray, f: int) -> list[int]:
+def _align(skeleton: list[int], rank: Sequence[int], f: int) -> list[int]:
     """Move the top-f segments (by rank) to the front, best first; the rest keep their order."""
     if f <= 0 or len(skeleton) < 2:
         return skeleton
@@ -324,13 +345,16 @@ class _Aligner:
 
     def __init__(self, rows: _Rows, rank: np.ndarray, f_front: int) -> None:
         self.rows, self.rank, self.f = rows, rank, f_front
+        self._ranks: list[int] | None = None  # rank as plain ints, made on the first alignment
 
     def aligned(self, row: int) -> tuple[str, ...]:
         sk = self.rows.skeleton[row]
-        if self.rows.fixed[row]:
+        if self.rows.fixed[row] or self.f <= 0 or len(sk) < 2:
             return sk
-        idx = self.rows.index
-        return tuple(self.rows.names[s] for s in _align([idx[s] for s in sk], self.rank, self.f))
+        if self._ranks is None:
+            self._ranks = self.rank.tolist()
+        names = self.rows.names
+        return tuple(names[s] for s in _align(self.rows.mat[row, 1:1 + len(sk)].tolist(), self._ranks, self.f))
 
 
 class _LazyAlign(Mapping):

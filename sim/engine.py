@@ -32,6 +32,9 @@ from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Sched
 from prism.sim.radix_cache import TOKEN_BYTES, RadixCache
 
 
+_EVICTED = {t: f"evicted_tokens_{t}" for t in ("private", "reusable", "protected")}  # counter names
+
+
 @dataclass
 class EngineConfig:
     """Engine limits, named after SGLang's server arguments."""
@@ -80,13 +83,16 @@ class Seq:
         The system prompt stays first and private segments last; ``fixed_order`` prompts never move."""
         if self.fixed_order:
             return False
-        reuse = {s.id: s for s in self.segments if s.kind == REUSE}
+        head, reuse, tail = [], {}, []
+        for s in self.segments:
+            if s.kind == REUSE:
+                reuse[s.id] = s
+            else:
+                (head if s.kind == SYS else tail).append(s)
         if tuple(reuse) == tuple(skeleton):
             return False
         if sorted(reuse) != sorted(skeleton):
             raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
-        head = [s for s in self.segments if s.kind == SYS]
-        tail = [s for s in self.segments if s.kind == PRIV]
         self.set_segments(tuple(head + [reuse[i] for i in skeleton] + tail))
         self.realigned = True
         return True
@@ -190,7 +196,8 @@ class Engine:
                 raise RuntimeError("KV accounting error: eviction could not make room")
 
     def _count_eviction(self, node) -> None:
-        self.counters[f"evicted_tokens_{self.eviction.tier(node)}"] += node.length
+        tier = self.eviction.tier(node)
+        self.counters[_EVICTED.get(tier) or f"evicted_tokens_{tier}"] += node.length
         self.counters["evicted_nodes"] += 1
 
     # ------------------------------------------------------------------ prefill

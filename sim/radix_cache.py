@@ -144,8 +144,8 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                for cut in self._cuts(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout):
-                    node = self._new_node(node, key[pos:cut * TOKEN_BYTES], layout)
+                for cut, kind, seg in self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout):
+                    node = self._new_node(node, key[pos:cut * TOKEN_BYTES], kind, seg)
                     added += node.length
                     pos = cut * TOKEN_BYTES
                 break
@@ -160,24 +160,41 @@ class RadixCache:
         node.last_access = now
         return added, node
 
-    def _cuts(self, start: int, end: int, layout: Layout | None) -> list[int]:
-        """Where new nodes covering tokens [start, end) end: with anchors, at every (page-aligned) segment
-        boundary in between, so each new node belongs to one segment; else one node.
+    def _pieces(self, start: int, end: int, layout: Layout | None) -> list[tuple[int, str, str]]:
+        """(end, kind, segment) of the new nodes covering tokens [start, end): with anchors, one node per
+        segment, cut at every (page-aligned) segment boundary in between; else one node. Each node belongs to
+        the segment holding its last token.
 
         Existing nodes need no such pass: a boundary inside one would mean two prompts that agree on the
         token where a segment starts, and only that segment's prompts have its first token there (first
         tokens are unique, see prism.core); text-tokenized traces are the exception, and keep the owner of
         the prompt that inserted the node."""
-        if not (self.anchors and layout):
-            return [end]
-        page = self.page_size
-        cuts = sorted({e - e % page for e, _, _ in layout if start < e - e % page < end})
-        return cuts + [end]
+        if not layout:
+            return [(end, PRIV, "")]
+        last = len(layout) - 1
+        j = bisect.bisect_left(layout, (start + 1,))  # the first segment that ends after `start`
+        pieces = []
+        if self.anchors and j <= last:
+            page, prev = self.page_size, start
+            for e, _, _ in layout[j:]:  # segment ends in prompt order: their page floors never decrease
+                cut = e - e % page
+                if cut <= prev:
+                    continue
+                if cut >= end:
+                    break
+                while layout[j][0] < cut:
+                    j += 1
+                pieces.append((cut, layout[j][1], layout[j][2]))
+                prev = cut
+        j = min(j, last)
+        while j < last and layout[j][0] < end:
+            j += 1
+        _, kind, seg = layout[j]
+        pieces.append((end, kind, seg))
+        return pieces
 
-    def _new_node(self, parent: Node, key: bytes, layout: Layout | None) -> Node:
-        depth = parent.depth + len(key) // TOKEN_BYTES
-        kind, seg = _owner(layout, depth) if layout else (PRIV, "")
-        node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
+    def _new_node(self, parent: Node, key: bytes, kind: str, seg: str) -> Node:
+        node = Node(self._next_id, parent, key, parent.depth + len(key) // TOKEN_BYTES, parent.last_access, kind, seg)
         self._next_id += 1
         if kind != PRIV:
             self.resident[seg] += 1
