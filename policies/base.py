@@ -27,8 +27,10 @@ class PrefixIndex(Protocol):
     def match_len(self, key: bytes) -> int:
         """Tokens of ``key`` (int32 token bytes) that are cached, as a side-effect-free peek."""
 
-    def match_path(self, key: bytes) -> list[int]:
-        """Ids of the cache nodes the cached part of ``key`` runs through (root excluded), a peek too."""
+    def match_path(self, key: bytes) -> list[tuple[int, int]]:
+        """(id, end depth) of the cache nodes the cached part of ``key`` runs through (root excluded; the last
+        may be matched only in part), a peek too. Sibling nodes sorted by id are in the order they were
+        made, as SGLang's tree keeps its children."""
 
 
 class WaitingRequest(Protocol):

@@ -55,37 +55,50 @@ class LPM(Scheduler):
         cache = ctx.cache
         matched = {r.id: cache.match_len(r.key) for r in waiting}
         deferred = self._deprioritized(waiting, matched)
-        inf = float("inf")
-        return Plan(sorted(waiting, key=lambda r: inf if r.id in deferred else -matched[r.id]))
+        inf = float("inf")  # SGLang sorts by the reusable prefix: the last prompt token is always computed
+        return Plan(sorted(waiting, key=lambda r: inf if r.id in deferred else -min(matched[r.id], r.prompt_len - 1)))
 
 
 class DFSWeight(LPM):
-    """SGLang's DFS-weight: group requests by the cache node their match ends at, weight each node by the
-    requests below it, and emit a depth-first walk that enters heavier children first
-    and emits a node's own requests after its subtree."""
+    """SGLang's DFS-weight: group requests by the place in the cache tree where their match ends, weight each
+    place by the requests at or below it, and emit a depth-first walk that enters heavier children first
+    (ties: the older child) and emits a place's own requests after its subtree.
+
+    SGLang's match splits a partly matched node, so a match that ends inside a node ends at a place of its
+    own, above the node's remainder. Matching here is a peek, so a place is (node id, depth): the node itself
+    at its end depth, or a split point inside it."""
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:
             return Plan(list(waiting))
-        at_node: dict[int, list] = defaultdict(list)
-        children: dict[int, set[int]] = defaultdict(set)
-        weight: dict[int, int] = defaultdict(int)
+        root = (0, 0)
+        ends = []  # per request: the matched path and length
+        cuts: dict[int, set[int]] = defaultdict(set)  # node id -> depths where a match ends inside it
         for r in waiting:
-            path = ctx.cache.match_path(r.key)
-            last = path[-1] if path else 0
-            at_node[last].append(r)
-            parent = 0
-            weight[0] += 1
-            for nid in path:
-                children[parent].add(nid)
-                weight[nid] += 1
-                parent = nid
+            path, m = ctx.cache.match_path(r.key), ctx.cache.match_len(r.key)
+            if path and m <= (path[-2][1] if len(path) > 1 else 0):
+                path.pop()  # matched none of the last node (a partial page)
+            if path and m < path[-1][1]:
+                cuts[path[-1][0]].add(m)
+            ends.append((path, m))
+        cut_lists = {nid: sorted(ds) for nid, ds in cuts.items()}
+        at_place: dict[tuple, list] = defaultdict(list)
+        children: dict[tuple, set[tuple]] = defaultdict(set)
+        weight: dict[tuple, int] = defaultdict(int)
+        for r, (path, m) in zip(waiting, ends):
+            parent = root
+            for nid, depth in path:
+                for place in [(nid, d) for d in cut_lists.get(nid, ()) if d <= m] + ([(nid, depth)] if m >= depth else []):
+                    children[parent].add(place)
+                    weight[place] += 1
+                    parent = place
+            at_place[parent].append(r)
         order: list = []
 
-        def visit(nid: int) -> None:  # SGLang's order: heavier children first, then the node's own requests
-            for child in sorted(children.get(nid, ()), key=lambda c: (-weight[c], c)):
+        def visit(place: tuple) -> None:  # SGLang's order: heavier children first, then the place's own requests
+            for child in sorted(children.get(place, ()), key=lambda c: (-weight[c], c)):
                 visit(child)
-            order.extend(at_node.get(nid, ()))
+            order.extend(at_place.get(place, ()))
 
-        visit(0)
+        visit(root)
         return Plan(order)

@@ -26,12 +26,15 @@ Layout = Sequence[tuple[int, str, str]]  # (segment end offset, kind, segment id
 
 
 class Node:
-    __slots__ = ("id", "parent", "children", "key", "length", "depth", "lock_ref", "last_access",
+    __slots__ = ("id", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access",
                  "hit_count", "kind", "seg_id")
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
-        self.id = node_id
+        # ``id`` names a place in the tree: a split's upper part keeps it, so siblings sorted by id are in the
+        # order their places were made (SGLang's child order). ``serial`` counts node objects in creation
+        # order; eviction breaks ties with it.
+        self.id = self.serial = node_id
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.key = key
@@ -98,14 +101,15 @@ class RadixCache:
             return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
         return pos // TOKEN_BYTES
 
-    def match_path(self, key: bytes) -> list[int]:
-        """Ids of the nodes the cached part of ``key`` runs through (a partly matched node included)."""
+    def match_path(self, key: bytes) -> list[tuple[int, int]]:
+        """(id, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
+        included: ``match_len`` tells where in it the match ends)."""
         node, pos, n, pb, path = self.root, 0, len(key), self._pb, []
         while pos < n:
             child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
-            path.append(child.id)
+            path.append((child.id, child.depth))
             if not key.startswith(child.key, pos):
                 break
             pos += len(child.key)
@@ -212,7 +216,9 @@ class RadixCache:
         parent = child.parent
         depth = child.depth - child.length + m
         kind, seg = _owner(layout, depth) if layout else (child.kind, child.seg_id)
-        upper = Node(self._next_id, parent, child.key[:cut], depth, child.last_access, kind, seg)
+        upper = Node(child.id, parent, child.key[:cut], depth, child.last_access, kind, seg)
+        # the upper part keeps the place (id) and is the newer object (serial); the lower part gets a new id
+        upper.serial = child.id = self._next_id
         self._next_id += 1
         if kind != PRIV:
             self.resident[seg] += 1
@@ -258,7 +264,7 @@ class RadixCache:
         """Evict unlocked leaves, smallest ``key`` first (ties: oldest node), until ``num_tokens`` are freed."""
         if num_tokens <= 0:
             return 0
-        heap = [(key(n), n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heap = [(key(n), n.serial, n) for n in self._leaves if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         root = self.root
@@ -270,7 +276,7 @@ class RadixCache:
             self._delete_leaf(node)
             freed += node.length
             if parent is not root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (key(parent), parent.id, parent))
+                heapq.heappush(heap, (key(parent), parent.serial, parent))
         return freed
 
     def _delete_leaf(self, node: Node) -> None:
