@@ -1,22 +1,24 @@
-"""Control-plane cost: one scheduling round of QAS, LPM and k-LPM on the same waiting queue.
+"""Control-plane cost: one scheduling round of QAS, LPM and k-LPM on the same waiting queue, and SGLang's own
+``SchedulePolicy.calc_priority`` beside them when SGLang imports (the ``live`` extra).
 
     python benchmarks/bench_control_plane.py [--sizes 128,1000,10000] [--repeat 5]
 
 Queues are zipf_hotspot requests (k=5 retrieved passages each); the cache holds the prompts of 1,000 earlier
 requests, as a warm engine would (a realistic mix of hits and misses). Each policy plans the same queue. The
 table shows the best-of-repeat time of a steady round (the policy has met the queue before, as in a running
-engine), its ratio to LPM, the per-request cost (flat per-request cost means linear growth), and the first
-round (QAS registers each request's segments once, on first sight). LPM is SGLang's: past 128 waiting
-requests it skips matching and keeps the queue order, so "lpm(no-fallback)" is also timed, matching every
-request as LPM does at 128.
+engine), its ratio to SGLang's calc_priority (the LPM the targets refer to) and to prism's LPM, the
+per-request cost (flat per-request cost means linear growth), and the first round (QAS registers each
+request's segments once, on first sight). LPM is SGLang's: past 128 waiting requests it skips matching and
+keeps the queue order, so the "(no-fallback)" rows match every request as LPM does at 128.
 
-Note that this LPM matches prompts with a memcmp per radix edge; SGLang's Python radix tree compares keys
-token by token, so its calc_priority costs more per request than the "lpm" row here.
+prism's LPM matches prompts with one memcmp per radix edge; SGLang's tree compares token arrays by slices in
+Python and builds request keys and match results per request, so its round costs more per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 from prism.policies.base import DemandHints, SchedContext
@@ -34,13 +36,48 @@ def time_round(policy_factory, waiting, ctx, repeat: int) -> tuple[float, float]
     first = steady = float("inf")
     for _ in range(repeat):
         policy = policy_factory()
-        t0 = time.perf_counter()
-        policy.plan(waiting, ctx)
-        t1 = time.perf_counter()
-        policy.plan(waiting, ctx)
-        t2 = time.perf_counter()
+        gc.collect()
+        gc.disable()  # as timeit does: SGLang's tree keeps many objects alive, and a collection would bill them
+        try:
+            t0 = time.perf_counter()
+            policy.plan(waiting, ctx)
+            t1 = time.perf_counter()
+            policy.plan(waiting, ctx)
+            t2 = time.perf_counter()
+        finally:
+            gc.enable()
         first, steady = min(first, t1 - t0), min(steady, t2 - t1)
     return first, steady
+
+
+def sglang_policies(cached, n: int) -> dict:
+    """SGLang's calc_priority over the same cache (a simulated SGLang radix tree holding the same prompts),
+    as a plan-like callable; {} when SGLang does not import."""
+    try:
+        from prism.live.sglang_objects import SGLangQueue
+        import sglang.srt.managers.schedule_policy as sp
+        queue = SGLangQueue(cached, "lpm")
+    except Exception as e:  # noqa: BLE001 - any import failure means: not installed here
+        print(f"(SGLang not timed: {str(e).splitlines()[0][:120]})")
+        return {}
+
+    class Round:  # calc_priority sorts SGLang Req objects in place; they are made once, as SGLang keeps them
+        def __init__(self, fallback: bool) -> None:
+            self.fallback, self.reqs = fallback, None
+
+        def plan(self, waiting, ctx) -> None:
+            if self.reqs is None:
+                self.reqs = queue.requests(waiting)
+            limit = sp.WAITING_QUEUE_PREFIX_MATCH_MAX
+            sp.WAITING_QUEUE_PREFIX_MATCH_MAX = limit if self.fallback else 10**9
+            try:
+                queue.sort(self.reqs)
+            finally:
+                sp.WAITING_QUEUE_PREFIX_MATCH_MAX = limit
+
+    # past 128 waiting SGLang keeps the queue order, and its bookkeeping there needs a running server's
+    # context: time the matching round only
+    return {"sglang-lpm": lambda: Round(True)} if n <= 128 else {"sglang-lpm(no-fallback)": lambda: Round(False)}
 
 
 def main() -> None:
@@ -50,24 +87,29 @@ def main() -> None:
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     trace = generate(ZipfHotspotSpec(num_requests=1000 + max(sizes), seed=42))
+    cached = [r.tokens() for r in trace.requests[:1000]]
     cache = RadixCache(None)
-    for r in trace.requests[:1000]:
-        cache.insert(r.tokens().tobytes(), 0.0)
+    for tokens in cached:
+        cache.insert(tokens.tobytes(), 0.0)
     print(f"one scheduling round, best of {args.repeat}; cache holds {cache.size} tokens of 1,000 prompts")
-    print(f"{'waiting':>8s} {'policy':18s} {'ms/round':>9s} {'x_lpm':>7s} {'us/request':>10s} {'first_round_ms':>15s}")
+    print(f"{'waiting':>8s} {'policy':24s} {'ms/round':>9s} {'x_sglang':>8s} {'x_lpm':>7s} {'us/request':>10s} "
+          f"{'first_round_ms':>15s}")
     for n in sizes:
         waiting = [Seq(r) for r in trace.requests[1000:1000 + n]]
         ctx = SchedContext(0.0, cache, (), DemandHints(), batch_hint=64)
         policies = {
+            **sglang_policies(cached, n),
             "lpm": lambda: LPM(),
             "lpm(no-fallback)": lambda: LPM(LPMConfig(fcfs_threshold=10**9)),
             "klpm(k=2)": lambda: KLPM(),
             "qas": lambda: QAS(),
         }
         times = {name: time_round(f, waiting, ctx, args.repeat) for name, f in policies.items()}
-        lpm = times["lpm"][1]
+        lpm = times["lpm"][1] if n <= 128 else times["lpm(no-fallback)"][1]
+        sgl = times.get("sglang-lpm" if n <= 128 else "sglang-lpm(no-fallback)", (0, float("nan")))[1]
         for name, (first, t) in times.items():
-            print(f"{n:8d} {name:18s} {t * 1e3:9.3f} {t / lpm:7.2f} {t / n * 1e6:10.2f} {first * 1e3:15.3f}")
+            print(f"{n:8d} {name:24s} {t * 1e3:9.3f} {t / sgl:8.3f} {t / lpm:7.3f} {t / n * 1e6:10.2f} "
+                  f"{first * 1e3:15.3f}")
 
 
 if __name__ == "__main__":
