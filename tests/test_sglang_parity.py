@@ -38,13 +38,13 @@ requests = st.tuples(passages, st.integers(1, 40), st.sampled_from([8, 40]))
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queue=st.lists(requests, min_size=1, max_size=40), cached=st.lists(requests, max_size=8),
-       policy=st.sampled_from(["lpm", "dfs-weight"]))
-def test_orders_match_sglang(queue, cached, policy):
+       policy=st.sampled_from(["lpm", "dfs-weight"]), page=st.sampled_from([1, 4]))
+def test_orders_match_sglang(queue, cached, policy, page):
     cached_reqs = [W(-1 - i, *spec) for i, spec in enumerate(cached)]
     waiting = [W(i, *spec) for i, spec in enumerate(queue)]
-    cache = RadixCache(None)
+    cache = RadixCache(None, page)
     for r in cached_reqs:
         cache.insert(r.key, 0.0)
     ours = (LPM() if policy == "lpm" else DFSWeight()).plan(waiting, SchedContext(0.0, cache))
-    sglang = SGLangQueue([serialize(r.segments) for r in cached_reqs], policy)
+    sglang = SGLangQueue([serialize(r.segments) for r in cached_reqs], policy, page)
     assert [r.id for r in ours.order] == sglang.order(waiting)
