@@ -202,6 +202,8 @@ class QAS(Scheduler):
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         cfg, rows_ = self.config, self.rows
         n = len(waiting)
+        if n == 0:
+            return Plan([])
         rows = self._rows_of(waiting)
         V = len(rows_.names)
         shared = rows_.mat[rows, :rows_.width]  # column 0: system segment; then the reusable ones
