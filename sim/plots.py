@@ -64,7 +64,8 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> l
         _line_plot(agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
         _line_plot(agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
         _line_plot(agg, "hit_rate", "KV hit rate (Σ hit / Σ prompt tokens)", out / "hit_rate_vs_qps.png",
-                   extra=[("belady_hit_rate", "--", "Belady")], infinite=True),
+                   extra=[("belady_hit_rate", "--", "Belady"),
+                          ("served_infinite_cache_hit_rate", ":", "infinite cache (as served)")], infinite=True),
     ]
     if cdf_qps is not None:
         fig, ax = plt.subplots(figsize=(6, 4))

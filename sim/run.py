@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import simpy
 from tqdm import tqdm
@@ -12,6 +12,7 @@ from tqdm import tqdm
 from prism.calibration.cost_model import Profile
 from prism.errors import UserError
 from prism.policies.registry import make_policies
+from prism.traces.stats import infinite_cache_hit_rate
 from prism.traces.trace import Trace
 
 from prism.policies.fcfs import FCFS
@@ -27,6 +28,13 @@ class SimResult:
     records: list[RequestRecord]
     summary: dict[str, Any]
     counters: dict[str, int] = field(default_factory=dict)
+
+
+class Served(NamedTuple):
+    """A prompt as the engine served it (segments in their final order)."""
+
+    segments: tuple
+    prompt_len: int
 
 
 def kv_capacity(config: EngineConfig, profile: Profile, trace: Trace) -> int:
@@ -47,10 +55,15 @@ def _record(seq: Seq) -> RequestRecord:
 
 def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, profile: Profile,
              knobs: dict[str, Any] | None = None, label: str | None = None, progress: bool = False,
-             qps: float | None = None, on_record: Callable[[RequestRecord], None] | None = None) -> SimResult:
+             qps: float | None = None, on_record: Callable[[RequestRecord], None] | None = None,
+             served_reference: bool = False) -> SimResult:
     """Replay ``trace`` through one simulated engine; deterministic for a given input.
 
-    ``on_record`` sees each request's record as it finishes (to write results as they come)."""
+    ``on_record`` sees each request's record as it finishes (to write results as they come).
+    ``served_reference`` adds ``served_infinite_cache_hit_rate``: the hit rate an unbounded cache would reach
+    on the prompts as this run served them (after any realignment, in admission order), the ceiling for any
+    eviction policy under this run's schedule. The trace-order figure (``infinite_cache_hit_rate``) is not
+    that ceiling for a scheduler that reorders segments."""
     wall0 = time.perf_counter()
     capacity = kv_capacity(engine, profile, trace)
     sched, evict, hints = make_policies(scheduler, eviction, knobs, requests=trace.requests)
@@ -64,8 +77,12 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     bar = tqdm(total=total, disable=not progress, unit="req", desc=label or f"{scheduler}+{eviction}",
                mininterval=0.25, leave=False)
 
+    served: list[tuple[float, int, Served]] = []
+
     def on_finish(seq: Seq) -> None:
         records.append(_record(seq))
+        if served_reference:
+            served.append((seq.prefill_start, seq.id, Served(seq.segments, seq.prompt_len)))
         if on_record is not None:
             on_record(records[-1])
         client.finished(seq)
@@ -95,6 +112,8 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
         "trace_kind": trace.kind,
         **summarize(records, engine.warmup_requests),
         "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
+        **({"served_infinite_cache_hit_rate": infinite_cache_hit_rate([s for *_, s in sorted(served)])}
+           if served_reference else {}),
         "kv_capacity_tokens": capacity,
         "profile": profile.name,
         "engine": asdict(engine),

@@ -154,3 +154,20 @@ def test_lpm_prefers_cached_prefix():
     assert lpm[2].prefill_start < lpm[1].prefill_start
     assert fcfs[1].prefill_start < fcfs[2].prefill_start
     assert lpm[2].hit_tokens == 320
+
+
+@pytest.mark.parametrize("sched,evict", [("lpm", "lru"), ("klpm", "lru"), ("contextpilot", "lru"), ("qas", "dart")])
+def test_served_infinite_cache_is_a_ceiling(trace, profile, sched, evict):
+    """An unbounded cache over the prompts as a run served them bounds that run's hit rate, at any capacity.
+    For a scheduler that keeps each prompt's segment order it equals the trace's own infinite-cache rate (an
+    unbounded cache's total does not depend on the order the same prompts come in); schedulers that move
+    segments (ContextPilot, QAS) create sharing the trace order does not have."""
+    for capacity in (None, 10**9):
+        s = simulate(trace, sched, evict, EngineConfig(max_total_tokens=capacity or 32768), profile,
+                     served_reference=True).summary
+        assert s["hit_rate"] <= s["served_infinite_cache_hit_rate"] + 1e-12
+        if sched in ("lpm", "klpm"):
+            assert s["served_infinite_cache_hit_rate"] == pytest.approx(s["infinite_cache_hit_rate"], abs=1e-12)
+        else:
+            assert s["served_infinite_cache_hit_rate"] > s["infinite_cache_hit_rate"]
+    assert s["hit_rate"] > 0.95 * s["served_infinite_cache_hit_rate"]  # unbounded: only same-batch misses

@@ -52,11 +52,11 @@ def parser() -> argparse.ArgumentParser:
 def _summary_rows(s: dict) -> list[list]:
     t = s["ttft_s"]
     return [[s["method"], s["qps"], s["num_requests"], t["mean"], t["p50"], t["p90"], t["p99"],
-             s["hit_rate"], s["infinite_cache_hit_rate"], s["throughput_rps"]]]
+             s["hit_rate"], s["served_infinite_cache_hit_rate"], s["infinite_cache_hit_rate"], s["throughput_rps"]]]
 
 
 SUMMARY_HEADER = ["method", "qps", "requests", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-                  "hit_rate", "inf_cache_hit", "throughput_rps"]
+                  "hit_rate", "inf_served", "inf_trace", "throughput_rps"]
 
 
 @entry_point("prism-sim")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = simulate(trace, settings.scheduler, settings.eviction, settings.engine, profile, settings.knobs,
                           label=settings.label, progress=not args.no_progress and sys.stderr.isatty(), qps=qps,
-                          on_record=stream)
+                          on_record=stream, served_reference=True)
     finally:
         stream.close()
     s = result.summary

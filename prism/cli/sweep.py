@@ -84,9 +84,10 @@ def main(argv: list[str]) -> int:
         rows.append([a["method"], a["qps"], f"{a['ttft_p50_s']:.3g} ± {a['ttft_p50_s_ci95']:.2g}",
                      f"{a['ttft_p99_s']:.3g} ± {a['ttft_p99_s_ci95']:.2g}", f"{a['hit_rate']:.3f}",
                      f"{a['belady_hit_rate']:.3f}" if "belady_hit_rate" in a else "-",
+                     f"{a['served_infinite_cache_hit_rate']:.3f}" if "served_infinite_cache_hit_rate" in a else "-",
                      f"{a['infinite_cache_hit_rate']:.3f}", f"{a['throughput_rps']:.1f}"])
-    print(table(rows, ["method", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_hit",
-                       "throughput_rps"]))
+    print(table(rows, ["method", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_served",
+                       "inf_trace", "throughput_rps"]))
     print(f"{total} runs; wrote {out / 'summary.csv'}, {out / 'aggregate.csv'} and "
           f"{', '.join(p.name for p in plots)} in {out}")
     return 0
