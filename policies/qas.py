@@ -30,9 +30,11 @@ Choices the design leaves open, made here:
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
-Cost per round: O(S) in queued segment occurrences S plus a sort of the known segments and of the buckets,
+Cost per round: O(S) in queued segment occurrences S, plus sorts of the queued segments (ranking), of the
+(bucket, segment) pairs, of the buckets and of the queue (one int64 key each: rows are numbered in FIFO order),
 all in vectorised numpy; no all-pairs work. Per request, QAS keeps its segment indices in a matrix row
-registered once, on the request's first round.
+registered once, on the request's first round; an engine's queue is matched to rows by looking up only the
+requests that arrived since the last round.
 """
 
 from __future__ import annotations
