@@ -99,10 +99,13 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
 @given(rounds=st.lists(st.tuples(skeletons, st.integers(0, 6), st.lists(st.booleans(), min_size=25, max_size=25)),
                        min_size=1, max_size=4),
        f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
-       active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)))
-def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active):
+       active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)),
+       engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100))
+def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active, engine_queue, times):
     """Order, alignment, buckets, cold lane, next counter and published priorities equal a plain
-    implementation of the design, round after round."""
+    implementation of the design, round after round. The queue is kept either as an engine keeps it (the
+    plan's order minus the admitted head, then new arrivals) or in arrival order; arrival times either
+    grow with the id or come in any order."""
     qas = QAS(QASConfig(f_front=f, kappa=kappa, q_cold=q_cold))
     ref = ReferenceQAS(f_front=f, kappa=kappa, q_cold=q_cold)
     hints = DemandHints(active=Counter(active))
@@ -110,7 +113,7 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
     rid = 0
     for new, admit, fixed in rounds:
         for j, s in enumerate(new):
-            r = req(rid, float(rid // 2), s)  # equal arrival times: ties by id
+            r = req(rid, float(rid // 2 if times is None else times[rid]), s)  # equal times: ties by id
             r.fixed_order = fixed[j]
             waiting.append(r)
             rid += 1
@@ -134,7 +137,7 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
             assert dict(hints.priority) == pytest.approx(published)
             assert qas.next_counter == +ref.next
         gone = {r.id for r in admitted}
-        waiting = [r for r in waiting if r.id not in gone]
+        waiting = list(plan.order[admit:]) if engine_queue else [r for r in waiting if r.id not in gone]
 
 
 @settings(max_examples=60, deadline=None)
