@@ -55,8 +55,9 @@ class LPM(Scheduler):
         cache = ctx.cache
         matched = {r.id: cache.match_len(r.key) for r in waiting}
         deferred = self._deprioritized(waiting, matched)
-        inf = float("inf")  # SGLang sorts by the reusable prefix: the last prompt token is always computed
-        return Plan(sorted(waiting, key=lambda r: inf if r.id in deferred else -min(matched[r.id], r.prompt_len - 1)))
+        # SGLang sorts by the usable prefix (the last prompt token is always computed), deferred ones last
+        usable = {r.id: float("inf") if r.id in deferred else -min(matched[r.id], r.prompt_len - 1) for r in waiting}
+        return Plan(sorted(waiting, key=lambda r: usable[r.id]))
 
 
 class DFSWeight(LPM):
@@ -88,7 +89,10 @@ class DFSWeight(LPM):
         for r, (path, m) in zip(waiting, ends):
             parent = root
             for nid, depth in path:
-                for place in [(nid, d) for d in cut_lists.get(nid, ()) if d <= m] + ([(nid, depth)] if m >= depth else []):
+                chain = [(nid, d) for d in cut_lists.get(nid, ()) if d <= m]  # the split points it reaches
+                if m >= depth:
+                    chain.append((nid, depth))  # and the node itself, when the match runs to its end
+                for place in chain:
                     children[parent].add(place)
                     weight[place] += 1
                     parent = place

@@ -198,7 +198,8 @@ class RadixCache:
         return pieces
 
     def _new_node(self, parent: Node, key: bytes, kind: str, seg: str) -> Node:
-        node = Node(self._next_id, parent, key, parent.depth + len(key) // TOKEN_BYTES, parent.last_access, kind, seg)
+        depth = parent.depth + len(key) // TOKEN_BYTES
+        node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
         self._next_id += 1
         if kind != PRIV:
             self.resident[seg] += 1
