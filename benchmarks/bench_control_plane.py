@@ -21,6 +21,7 @@ import argparse
 import gc
 import time
 
+from prism.errors import UserError
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.klpm import KLPM
 from prism.policies.lpm import LPM, LPMConfig
@@ -50,34 +51,32 @@ def time_round(policy_factory, waiting, ctx, repeat: int) -> tuple[float, float]
     return first, steady
 
 
-def sglang_policies(cached, n: int) -> dict:
-    """SGLang's calc_priority over the same cache (a simulated SGLang radix tree holding the same prompts),
-    as a plan-like callable; {} when SGLang does not import."""
+def sglang_lpm(cached):
+    """A factory of rounds of SGLang's own ``calc_priority`` (LPM) over a simulated SGLang radix tree holding
+    ``cached``; None when SGLang does not import. Past 128 waiting SGLang keeps the queue order, and its
+    bookkeeping there needs a running server's context, so these rounds always match, as SGLang does at 128."""
     try:
-        from prism.live.sglang_objects import SGLangQueue
         import sglang.srt.managers.schedule_policy as sp
+        from prism.live.sglang_objects import SGLangQueue
         queue = SGLangQueue(cached, "lpm")
-    except Exception as e:  # noqa: BLE001 - any import failure means: not installed here
+    except (ImportError, UserError) as e:
         print(f"(SGLang not timed: {str(e).splitlines()[0][:120]})")
-        return {}
+        return None
 
     class Round:  # calc_priority sorts SGLang Req objects in place; they are made once, as SGLang keeps them
-        def __init__(self, fallback: bool) -> None:
-            self.fallback, self.reqs = fallback, None
+        reqs = None
 
         def plan(self, waiting, ctx) -> None:
             if self.reqs is None:
                 self.reqs = queue.requests(waiting)
             limit = sp.WAITING_QUEUE_PREFIX_MATCH_MAX
-            sp.WAITING_QUEUE_PREFIX_MATCH_MAX = limit if self.fallback else 10**9
+            sp.WAITING_QUEUE_PREFIX_MATCH_MAX = max(limit, len(self.reqs))
             try:
                 queue.sort(self.reqs)
             finally:
                 sp.WAITING_QUEUE_PREFIX_MATCH_MAX = limit
 
-    # past 128 waiting SGLang keeps the queue order, and its bookkeeping there needs a running server's
-    # context: time the matching round only
-    return {"sglang-lpm": lambda: Round(True)} if n <= 128 else {"sglang-lpm(no-fallback)": lambda: Round(False)}
+    return Round
 
 
 def main() -> None:
@@ -91,14 +90,16 @@ def main() -> None:
     cache = RadixCache(None)
     for tokens in cached:
         cache.insert(tokens.tobytes(), 0.0)
+    sglang = sglang_lpm(cached)
     print(f"one scheduling round, best of {args.repeat}; cache holds {cache.size} tokens of 1,000 prompts")
     print(f"{'waiting':>8s} {'policy':24s} {'ms/round':>9s} {'x_sglang':>8s} {'x_lpm':>7s} {'us/request':>10s} "
           f"{'first_round_ms':>15s}")
     for n in sizes:
         waiting = [Seq(r) for r in trace.requests[1000:1000 + n]]
         ctx = SchedContext(0.0, cache, (), DemandHints(), batch_hint=64)
+        sglang_name = "sglang-lpm" if n <= 128 else "sglang-lpm(no-fallback)"
         policies = {
-            **sglang_policies(cached, n),
+            **({sglang_name: sglang} if sglang else {}),
             "lpm": lambda: LPM(),
             "lpm(no-fallback)": lambda: LPM(LPMConfig(fcfs_threshold=10**9)),
             "klpm(k=2)": lambda: KLPM(),
@@ -106,7 +107,7 @@ def main() -> None:
         }
         times = {name: time_round(f, waiting, ctx, args.repeat) for name, f in policies.items()}
         lpm = times["lpm"][1] if n <= 128 else times["lpm(no-fallback)"][1]
-        sgl = times.get("sglang-lpm" if n <= 128 else "sglang-lpm(no-fallback)", (0, float("nan")))[1]
+        sgl = times.get(sglang_name, (0, float("nan")))[1]
         for name, (first, t) in times.items():
             print(f"{n:8d} {name:24s} {t * 1e3:9.3f} {t / sgl:8.3f} {t / lpm:7.3f} {t / n * 1e6:10.2f} "
                   f"{first * 1e3:15.3f}")

@@ -47,7 +47,7 @@ class SGLangQueue:
 
     def requests(self, waiting: Sequence) -> list:
         """SGLang ``Req`` objects for prism waiting requests (rid = the request id, prompt = its key)."""
-        return [self._Req(str(r.id), "", array("q", np.frombuffer(r.key, dtype=np.int32).astype(np.int64).tobytes()),
+        return [self._Req(str(r.id), "", token_array(np.frombuffer(r.key, dtype=np.int32)),
                           self._SamplingParams(max_new_tokens=1)) for r in waiting]
 
     def sort(self, reqs: list) -> list:

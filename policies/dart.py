@@ -53,12 +53,9 @@ class DART(EvictionPolicy):
         if self._version == self.hints.version and all(s in resident for s in self.protected):
             return
         self._version = self.hints.version
-        if len(resident) < len(prio):
-            candidates = [(-p, s) for s in resident if (p := prio.get(s, 0.0)) > 0]
-        else:
-            candidates = [(-p, s) for s, p in prio.items() if p > 0 and s in resident]
-        candidates.sort()
-        self.protected = frozenset(s for _, s in candidates[:f])
+        # the cache holds far fewer segments than QAS ranks: look the resident ones up
+        ranked = sorted((-p, s) for s in resident if (p := prio.get(s, 0.0)) > 0)
+        self.protected = frozenset(s for _, s in ranked[:f])
 
     def key(self, node: NodeView) -> tuple:
         if not self._hinted:  # no hints: plain LRU

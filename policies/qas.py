@@ -123,11 +123,10 @@ class _Rows:
         capacity, cols = self.mat.shape
         if n == capacity or len(sk) >= cols:
             self._grow(2 * capacity if n == capacity else capacity, max(cols, len(sk) + 1))
-        index, seg = self.index, self._seg
         # reusable first, then the system segment: the first-seen order of the design
-        self.mat[n, 1:1 + len(sk)] = [index[s] if s in index else seg(s) for s in sk]
+        self.mat[n, 1:1 + len(sk)] = [self._seg(s) for s in sk]
         if system is not None:
-            self.mat[n, 0] = index[system] if system in index else seg(system)
+            self.mat[n, 0] = self._seg(system)
         self.length[n] = len(sk)
         self.arrival[n] = r.arrival
         self.rid[n] = r.id
@@ -168,9 +167,9 @@ class QAS(Scheduler):
         self.config = config or QASConfig()
         self.rows = _Rows()
         self._next = np.zeros(0)  # n(r) over the predicted next batch, by segment index
-        self._round: dict | None = None  # what on_dispatch needs from the last plan
+        self._base: np.ndarray | None = None  # the last plan's w_a·a + w_g·g, until its dispatch publishes P̂
         self._last: tuple | None = None
-        self._queue: tuple[list, np.ndarray] | None = None  # the queue the last round left, and its rows
+        self._queue: tuple[list, np.ndarray] | None = None  # the last order (minus any admitted head), its rows
         self.counters: Counter = Counter()
 
     @property
@@ -277,8 +276,8 @@ class QAS(Scheduler):
 
         rid = rows_.rid[rows]
         aligner = _Aligner(rows_, rank, cfg.f_front)
-        self._round = {"order_rows": rows[order_pos], "base": base, "order": order}
-        self._queue = (order, self._round["order_rows"])
+        self._base = base
+        self._queue = (order, rows[order_pos])
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += nb
@@ -309,25 +308,25 @@ class QAS(Scheduler):
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
-        rnd, cfg, rows_ = self._round, self.config, self.rows
-        if rnd is None:
+        cfg, rows_ = self.config, self.rows
+        if self._base is None or self._queue is None:
             return
         V, k = len(rows_.names), len(admitted)
         taken = rows_.rows_of(admitted)
-        order_rows = rnd["order_rows"]
+        order, order_rows = self._queue
         if np.array_equal(order_rows[:k], taken):  # the engine admitted the head of the order, as it does
             rest = order_rows[k:2 * k]
-            self._queue = (rnd["order"][k:], order_rows[k:])
+            self._queue = (order[k:], order_rows[k:])
         else:
             rest = order_rows[~np.isin(order_rows, taken)][:k]
             self._queue = None
         self._next = rows_.counts(rest, V).astype(float)
         if ctx.hints is not None:
-            published = rnd["base"] + cfg.w_n * rows_.counts(taken, V)
+            published = self._base + cfg.w_n * rows_.counts(taken, V)
             nz = np.flatnonzero(published > 0)
             names = itemgetter(*nz.tolist())(rows_.names) if len(nz) > 1 else [rows_.names[i] for i in nz]
             ctx.hints.publish(dict(zip(names, published[nz].tolist())))
-        self._round = None
+        self._base = None
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)

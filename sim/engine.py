@@ -32,9 +32,6 @@ from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Sched
 from prism.sim.radix_cache import TOKEN_BYTES, RadixCache
 
 
-_EVICTED = {t: f"evicted_tokens_{t}" for t in ("private", "reusable", "protected")}  # counter names
-
-
 @dataclass
 class EngineConfig:
     """Engine limits, named after SGLang's server arguments."""
@@ -196,8 +193,7 @@ class Engine:
                 raise RuntimeError("KV accounting error: eviction could not make room")
 
     def _count_eviction(self, node) -> None:
-        tier = self.eviction.tier(node)
-        self.counters[_EVICTED.get(tier) or f"evicted_tokens_{tier}"] += node.length
+        self.counters[f"evicted_tokens_{self.eviction.tier(node)}"] += node.length
         self.counters["evicted_nodes"] += 1
 
     # ------------------------------------------------------------------ prefill

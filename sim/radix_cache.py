@@ -175,27 +175,17 @@ class RadixCache:
         the prompt that inserted the node."""
         if not layout:
             return [(end, PRIV, "")]
-        last = len(layout) - 1
-        j = bisect.bisect_left(layout, (start + 1,))  # the first segment that ends after `start`
-        pieces = []
-        if self.anchors and j <= last:
-            page, prev = self.page_size, start
-            for e, _, _ in layout[j:]:  # segment ends in prompt order: their page floors never decrease
-                cut = e - e % page
-                if cut <= prev:
-                    continue
+        cuts = []
+        if self.anchors:
+            page = self.page_size
+            for e, _, _ in layout[bisect.bisect_left(layout, (start + 1,)):]:  # segments ending after start
+                cut = e - e % page  # page floors of the ends never decrease
                 if cut >= end:
                     break
-                while layout[j][0] < cut:
-                    j += 1
-                pieces.append((cut, layout[j][1], layout[j][2]))
-                prev = cut
-        j = min(j, last)
-        while j < last and layout[j][0] < end:
-            j += 1
-        _, kind, seg = layout[j]
-        pieces.append((end, kind, seg))
-        return pieces
+                if cut > (cuts[-1] if cuts else start):
+                    cuts.append(cut)
+        cuts.append(end)
+        return [(cut, *_owner(layout, cut)) for cut in cuts]
 
     def _new_node(self, parent: Node, key: bytes, kind: str, seg: str) -> Node:
         depth = parent.depth + len(key) // TOKEN_BYTES

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, NamedTuple
+from operator import attrgetter
+from typing import Any, Callable
 
 import simpy
 from tqdm import tqdm
 
 from prism.calibration.cost_model import Profile
+from prism.core import Request
 from prism.errors import UserError
 from prism.policies.registry import make_policies
 from prism.traces.stats import infinite_cache_hit_rate
@@ -28,13 +30,6 @@ class SimResult:
     records: list[RequestRecord]
     summary: dict[str, Any]
     counters: dict[str, int] = field(default_factory=dict)
-
-
-class Served(NamedTuple):
-    """A prompt as the engine served it (segments in their final order)."""
-
-    segments: tuple
-    prompt_len: int
 
 
 def kv_capacity(config: EngineConfig, profile: Profile, trace: Trace) -> int:
@@ -77,12 +72,12 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     bar = tqdm(total=total, disable=not progress, unit="req", desc=label or f"{scheduler}+{eviction}",
                mininterval=0.25, leave=False)
 
-    served: list[tuple[float, int, Served]] = []
+    served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
 
     def on_finish(seq: Seq) -> None:
         records.append(_record(seq))
         if served_reference:
-            served.append((seq.prefill_start, seq.id, Served(seq.segments, seq.prompt_len)))
+            served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
         if on_record is not None:
             on_record(records[-1])
         client.finished(seq)
@@ -112,7 +107,7 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
         "trace_kind": trace.kind,
         **summarize(records, engine.warmup_requests),
         "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
-        **({"served_infinite_cache_hit_rate": infinite_cache_hit_rate([s for *_, s in sorted(served)])}
+        **({"served_infinite_cache_hit_rate": infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))}
            if served_reference else {}),
         "kv_capacity_tokens": capacity,
         "profile": profile.name,
