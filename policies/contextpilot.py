@@ -151,41 +151,34 @@ class ContextPilot(Scheduler):
             self._memo.clear()
             self.rebuilds += 1
 
-    def _place(self, r: WaitingRequest) -> tuple[list[int], tuple[str, ...]]:
+    def _place(self, r: WaitingRequest) -> tuple[list[int], tuple[str, ...] | None]:
+        """(search path, new document order or None when the order stays), once per request and tree."""
         got = self._memo.get(r.id)
         if got is None:
             ctx = tuple(s.id for s in r.segments if s.kind == REUSE)
             path, node = search(self.root, ctx)
-            if getattr(r, "fixed_order", False):
-                aligned = ctx  # grouped like the others, but its segments keep their order
-            else:
-                first = tuple(d for d in node.docs if d in set(ctx))
-                aligned = first + tuple(d for d in ctx if d not in set(first))
-            got = (path, aligned)
-            self._memo[r.id] = got
+            aligned = None
+            if not getattr(r, "fixed_order", False):  # fixed-order prompts are grouped but keep their order
+                have = set(ctx)
+                first = tuple(d for d in node.docs if d in have)
+                moved = first + tuple(d for d in ctx if d not in set(first))
+                aligned = moved if moved != ctx else None
+            got = self._memo[r.id] = (path, aligned)
         return got
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         self._observe(waiting)
-        placed = {r.id: self._place(r) for r in waiting}
-        oldest: dict[object, tuple[float, int]] = {}
+        keyed, oldest = [], {}
         for r in waiting:
-            path = placed[r.id][0]
+            path, _ = self._place(r)
             group = path[0] if path else ("alone", r.id)
-            oldest[group] = min(oldest.get(group, (r.arrival, r.id)), (r.arrival, r.id))
-
-        def sort_key(r: WaitingRequest):
-            path = placed[r.id][0]
-            group = path[0] if path else ("alone", r.id)
-            return (oldest[group], -len(path), r.arrival, r.id)
-
-        order = sorted(waiting, key=sort_key)
-        align = {}
-        for r in waiting:
-            aligned = placed[r.id][1]
-            if aligned != tuple(s.id for s in r.segments if s.kind == REUSE):
-                align[r.id] = aligned
-        return Plan(order, align)
+            age = (r.arrival, r.id)
+            if group not in oldest or age < oldest[group]:
+                oldest[group] = age
+            keyed.append((group, -len(path), age, r))
+        keyed.sort(key=lambda t: (oldest[t[0]], t[1], t[2]))
+        align = {r.id: al for r in waiting if (al := self._memo[r.id][1]) is not None}
+        return Plan([t[3] for t in keyed], align)
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         for r in admitted:
