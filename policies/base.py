@@ -49,6 +49,7 @@ class NodeView(Protocol):
     last_access: float
     hit_count: int
     depth: int  # prompt offset of the node's end
+    parent: "NodeView | None"  # None for the root (an offline reference walks a node's path with it)
 
     @property
     def locked(self) -> bool: ...
@@ -145,5 +146,5 @@ class EvictionPolicy:
         return tier_of(node)
 
 
-__all__ = ["PrefixIndex", "ResidentIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan", "Scheduler",
-           "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]
+__all__ = ["PrefixIndex", "ResidentIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan",
+           "Scheduler", "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]

@@ -74,11 +74,12 @@ class Seq:
         self.layout = layout(segments)
         self.prompt_len = len(self.key) // TOKEN_BYTES
 
-    def realign(self, skeleton: tuple[str, ...]) -> bool:
-        """Put the reusable segments in ``skeleton`` order (same multiset); True if the order changed.
+    def realign(self, skeleton: tuple[str, ...] | None) -> bool:
+        """Put the reusable segments in ``skeleton`` order (same multiset; None: keep the order, as a plan
+        says for requests it does not move); True if the order changed.
 
         The system prompt stays first and private segments last; ``fixed_order`` prompts never move."""
-        if self.fixed_order:
+        if skeleton is None or self.fixed_order:
             return False
         head, reuse, tail = [], {}, []
         for s in self.segments:
@@ -234,10 +235,7 @@ class Engine:
                 break
             if rem_chunk <= 0 or rem_input <= 0:
                 break
-            # a plan's realignment matters once the request reaches the cache, so it is applied here
-            skeleton = plan.align.get(seq.id)
-            if skeleton is not None:
-                seq.realign(skeleton)
+            seq.realign(plan.align.get(seq.id))  # it matters once the request reaches the cache: applied here
             hit, node = self.cache.match(seq.key[:-TOKEN_BYTES], now, seq.layout)
             new = seq.prompt_len - hit
             self.cache.lock(node)

@@ -53,9 +53,7 @@ class FrontEnd:
         ctx = SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=len(batch))
         plan = self.scheduler.plan(batch, ctx)
         for seq in plan.order:
-            skeleton = plan.align.get(seq.id)
-            if skeleton is not None:
-                seq.realign(skeleton)
+            seq.realign(plan.align.get(seq.id))
             seq.lane = "cold" if seq.id in plan.cold else "hot"
             eng.submit(seq)
         self.scheduler.on_dispatch(plan.order, ctx)
