@@ -51,6 +51,7 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.qas_round import align_queue, order_queue, priorities
 
 
 _ID = attrgetter("id")
@@ -83,12 +84,12 @@ class _Rows:
         self.index: dict[str, int] = {}  # segment id -> index, in first-seen order
         self.names: list[str] = []
         self.row: dict[int, int] = {}  # request id -> row
+        self.count = 0  # rows registered
         self.mat = np.full((64, 9), -1, dtype=np.int64)
         self.length = np.zeros(64, dtype=np.int64)  # reusable segments per row
         self.arrival = np.zeros(64)
         self.rid = np.zeros(64, dtype=np.int64)
         self.fixed = np.zeros(64, dtype=bool)
-        self.skeleton: list[tuple[str, ...]] = []
         self.width = 1  # columns in use: 1 + the most reusable segments of a row
         self.fifo_rows = True  # rows were registered in (arrival, id) order
         self._last_age = (-np.inf, -1)
@@ -101,7 +102,7 @@ class _Rows:
         return i
 
     def _grow(self, rows: int, cols: int) -> None:
-        n = len(self.skeleton)
+        n = self.count
         mat = np.full((rows, cols), -1, dtype=np.int64)
         mat[:n, :self.mat.shape[1]] = self.mat[:n]
         self.mat = mat
@@ -111,40 +112,40 @@ class _Rows:
             new[:n] = old[:n]
             setattr(self, name, new)
 
-    def add(self, r: WaitingRequest) -> int:
-        n = len(self.skeleton)
-        reusable, system = [], None
-        for s in r.segments:
-            if s.kind == REUSE:
-                reusable.append(s.id)
-            elif s.kind != PRIV and system is None:
-                system = s.id
-        sk = tuple(reusable)
+    def add(self, requests: Sequence[WaitingRequest]) -> None:
+        """Register requests not seen before, in the given order (one block write for all of them)."""
+        seg, block = self._seg, []
+        for r in requests:
+            reusable, system = [], None
+            for s in r.segments:
+                if s.kind == REUSE:
+                    reusable.append(seg(s.id))  # reusable first, then the system segment: the design's
+                elif s.kind != PRIV and system is None:  # first-seen order
+                    system = s.id
+            block.append([-1 if system is None else seg(system), *reusable])
+            age = (r.arrival, r.id)
+            if age < self._last_age:
+                self.fifo_rows = False
+            self._last_age = age
+        n0, n1 = self.count, self.count + len(block)
+        width = max([self.width, *map(len, block)])
         capacity, cols = self.mat.shape
-        if n == capacity or len(sk) >= cols:
-            self._grow(2 * capacity if n == capacity else capacity, max(cols, len(sk) + 1))
-        # reusable first, then the system segment: the first-seen order of the design
-        self.mat[n, 1:1 + len(sk)] = [self._seg(s) for s in sk]
-        if system is not None:
-            self.mat[n, 0] = self._seg(system)
-        self.length[n] = len(sk)
-        self.arrival[n] = r.arrival
-        self.rid[n] = r.id
-        self.fixed[n] = bool(getattr(r, "fixed_order", False))
-        self.skeleton.append(sk)
-        if len(sk) >= self.width:
-            self.width = len(sk) + 1
-        age = (r.arrival, r.id)
-        if age < self._last_age:
-            self.fifo_rows = False
-        self._last_age = age
-        self.row[r.id] = n
-        return n
+        if n1 > capacity or width > cols:
+            self._grow(max(n1, 2 * capacity), max(cols, width))
+        self.mat[n0:n1, :width] = [row + [-1] * (width - len(row)) for row in block]
+        self.length[n0:n1] = [len(row) - 1 for row in block]
+        self.arrival[n0:n1] = [r.arrival for r in requests]
+        ids = [r.id for r in requests]
+        self.rid[n0:n1] = ids
+        self.fixed[n0:n1] = [bool(getattr(r, "fixed_order", False)) for r in requests]
+        self.row.update(zip(ids, range(n0, n1)))
+        self.count, self.width = n1, width
 
     def rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
         rows = list(map(self.row.get, map(_ID, waiting)))
         if None in rows:
-            rows = [self.add(r) if i is None else i for r, i in zip(waiting, rows)]
+            self.add([r for r, i in zip(waiting, rows) if i is None])
+            rows = list(map(self.row.__getitem__, map(_ID, waiting)))
         return np.array(rows, dtype=np.int64)
 
     def counts(self, rows: np.ndarray, size: int) -> np.ndarray:
@@ -206,82 +207,28 @@ class QAS(Scheduler):
         if n == 0:
             return Plan([])
         rows = self._rows_of(waiting)
-        V = len(rows_.names)
-        shared = rows_.mat[rows, :rows_.width]  # column 0: system segment; then the reusable ones
-        seg = shared[:, 1:]
-        valid = seg >= 0
+        V, width = len(rows_.names), rows_.width
         fifo = rows_.fifo(rows)
-        span = int(fifo.max()) + 1  # FIFO keys lie in [0, span): a composite key is primary * span + fifo
-
-        # counters and priorities over every known segment
-        g = np.bincount(shared[shared >= 0], minlength=V)
-        base = cfg.w_a * self._active(ctx, V) + cfg.w_g * g
         nxt = np.zeros(V)
         nxt[:len(self._next)] = self._next[:V]
-        prio = base + cfg.w_n * nxt
-        # rank the segments the queue holds (the only ones a signature or an alignment compares): by
-        # priority, ties to the segment seen first
-        present = np.flatnonzero(g)
-        rank = np.full(V + 1, V, dtype=np.int64)  # rank[-1] (padding) = V: never the best
-        rank[present[np.argsort(-prio[present], kind="stable")]] = np.arange(len(present))
-
-        # 2. signatures: the top-kappa reusable segments (kappa = 1: the best one; -1 without any)
-        if cfg.kappa == 1 or seg.shape[1] == 0:
-            if seg.shape[1]:
-                best = np.argmin(rank[seg], axis=1)
-                sig = np.where(valid[:, 0], seg[np.arange(n), best], -1)
-            else:
-                sig = np.full(n, -1, dtype=np.int64)
-        else:
-            sig = self._signatures(rows, rank)
-
-        # buckets, each FIFO
-        grouped = np.argsort((sig + 1) * span + fifo)
-        sig_sorted = sig[grouped]
-        new_bucket = np.empty(n, dtype=bool)
-        new_bucket[:1] = True
-        np.not_equal(sig_sorted[1:], sig_sorted[:-1], out=new_bucket[1:])
-        bucket_sorted = np.cumsum(new_bucket) - 1
-        starts = np.flatnonzero(new_bucket)
-        nb = len(starts)
-        bucket = np.empty(n, dtype=np.int64)
-        bucket[grouped] = bucket_sorted
-        size = np.empty(nb, dtype=np.int64)
-        np.subtract(starts[1:], starts[:-1], out=size[:-1])
-        size[-1] = n - starts[-1]
-
-        # 3. scores: U(b) = mean over the bucket's reusable segments of P(r; B_hot_b), B_hot_b its first
-        # `hint` requests; Score(b) = alpha·|T[b]| + beta·U(b)
-        hint = ctx.batch_hint or n
-        in_batch = (np.arange(n) - starts[bucket_sorted]) < hint
-        n_prov = np.bincount(bucket_sorted[in_batch], weights=rows_.length[rows[grouped[in_batch]]], minlength=nb)
-        pairs = np.sort((bucket[:, None] * V + seg)[valid])
-        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs  # distinct (bucket, segment)
-        pb, ps = np.divmod(pairs, max(V, 1))
-        n_segs = np.bincount(pb, minlength=nb)
-        util = np.bincount(pb, weights=base[ps], minlength=nb) + cfg.w_n * n_prov
-        np.divide(util, n_segs, out=util, where=n_segs > 0)
-        score = cfg.alpha_size * size + cfg.beta_util * util
-
-        # 4. lanes: the q_cold oldest requests first (FIFO), then the hot lane: buckets by descending score
-        # (ties: older head), FIFO inside
-        bucket_rank = np.empty(nb, dtype=np.int64)
-        bucket_rank[np.lexsort((fifo[grouped[starts]], -score))] = np.arange(nb)
-        q = min(cfg.q_cold, n)
-        cold = np.argpartition(fifo, q - 1)[:q] if 0 < q < n else np.arange(q)
-        key = bucket_rank[bucket] * span + fifo
-        key[cold] = fifo[cold] - span  # the cold lane heads the order, in FIFO order
-        order_pos = np.argsort(key)
+        # 1. counters and priorities
+        base, prio = priorities(rows_.mat, rows, width, self._active(ctx, V), nxt, cfg.w_a, cfg.w_n, cfg.w_g)
+        # front alignment, and signatures: the top-kappa reusable segments (in aligned order)
+        aligned, moved, sig = align_queue(rows_.mat, rows, rows_.length, rows_.fixed, prio, cfg.f_front, cfg.kappa)
+        sig = sig[:, 0] if cfg.kappa == 1 else np.unique(sig, axis=0, return_inverse=True)[1].ravel()
+        # 3.-4. buckets, scores, cold and hot lanes
+        order_pos, cold, grouped, starts, size, score = order_queue(
+            rows_.mat, rows, width, fifo, rows_.length, sig, base, cfg.w_n, cfg.alpha_size, cfg.beta_util,
+            ctx.batch_hint or n, cfg.q_cold)
         order = list(itemgetter(*order_pos.tolist())(waiting)) if n > 1 else list(waiting)
 
         rid = rows_.rid[rows]
-        aligner = _Aligner(rows_, rank, cfg.f_front)
         self._base = base
         self._queue = (order, rows[order_pos])
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
-        self.counters["qas_buckets"] += nb
-        return Plan(order, _LazyAlign(aligner, rid), frozenset(rid[cold].tolist()))
+        self.counters["qas_buckets"] += len(starts)
+        return Plan(order, _Alignment(rows_.names, rid, aligned, moved), frozenset(rid[cold].tolist()))
 
     def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
         """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the
@@ -292,19 +239,6 @@ class QAS(Scheduler):
             if len(waiting) >= m and waiting[:m] == known:  # a C-level pass: the same objects, in order
                 return np.concatenate([rows, self.rows.rows_of(waiting[m:])]) if len(waiting) > m else rows
         return self.rows.rows_of(waiting)
-
-    def _signatures(self, rows: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """kappa > 1: the top-kappa reusable segments, in their aligned order, as bucket keys."""
-        kappa, f, keys, out = self.config.kappa, self.config.f_front, {}, np.empty(len(rows), dtype=np.int64)
-        for j, row in enumerate(rows):
-            sk = [self.rows.index[s] for s in self.rows.skeleton[row]]
-            top = sorted(sk, key=rank.__getitem__)[:kappa]
-            if self.rows.fixed[row] or kappa > f:
-                aligned = _align(sk, rank, 0 if self.rows.fixed[row] else f)
-                top_set = set(top)
-                top = [s for s in aligned if s in top_set]
-            out[j] = keys.setdefault(tuple(top), len(keys))
-        return out
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
@@ -332,50 +266,25 @@ class QAS(Scheduler):
         return dict(self.counters)
 
 
-def _align(skeleton: list[int], rank: Sequence[int], f: int) -> list[int]:
-    """Move the top-f segments (by rank) to the front, best first; the rest keep their order."""
-    if f <= 0 or len(skeleton) < 2:
-        return skeleton
-    ranked = sorted(skeleton, key=rank.__getitem__)
-    if len(skeleton) <= f:
-        return ranked
-    top = ranked[:f]
-    return top + [s for s in skeleton if s not in top]
+class _Alignment(Mapping):
+    """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes (the
+    round aligned every queued request; names are looked up only for those the engine asks about)."""
 
-
-class _Aligner:
-    """Front alignment on demand: the engine only needs it for the requests it admits."""
-
-    def __init__(self, rows: _Rows, rank: np.ndarray, f_front: int) -> None:
-        self.rows, self.rank, self.f = rows, rank, f_front
-        self._ranks: list[int] | None = None  # rank as plain ints, made on the first alignment
-
-    def aligned(self, row: int) -> tuple[str, ...]:
-        sk = self.rows.skeleton[row]
-        if self.rows.fixed[row] or self.f <= 0 or len(sk) < 2:
-            return sk
-        if self._ranks is None:
-            self._ranks = self.rank.tolist()
-        names = self.rows.names
-        return tuple(names[s] for s in _align(self.rows.mat[row, 1:1 + len(sk)].tolist(), self._ranks, self.f))
-
-
-class _LazyAlign(Mapping):
-    """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes."""
-
-    def __init__(self, aligner: _Aligner, ids: np.ndarray) -> None:
-        self._aligner = aligner
-        self._ids = ids  # this round's waiting requests
+    def __init__(self, names: list[str], ids: np.ndarray, aligned: np.ndarray, moved: np.ndarray) -> None:
+        self._names, self._ids, self._aligned, self._moved = names, ids, aligned, moved
+        self._pos: dict[int, int] | None = None  # request id -> queue position, made on the first look-up
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
-        row = self._aligner.rows.row[rid]
-        al = self._aligner.aligned(row)
-        if al == self._aligner.rows.skeleton[row]:
+        if self._pos is None:
+            self._pos = dict(zip(self._ids.tolist(), range(len(self._ids))))
+        i = self._pos[rid]
+        if not self._moved[i]:
             raise KeyError(rid)
-        return al
+        row = self._aligned[i].tolist()  # a moved row has two or more segments: itemgetter gives a tuple
+        return itemgetter(*row[:row.index(-1)] if -1 in row else row)(self._names)
 
     def __iter__(self):
-        return (rid for rid in self._ids.tolist() if rid in self)
+        return (rid for rid, moved in zip(self._ids.tolist(), self._moved.tolist()) if moved)
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return int(self._moved.sum())

@@ -49,8 +49,8 @@ class EngineConfig:
 class Seq:
     """A request inside the engine: the trace request plus its current prompt order and timestamps."""
 
-    __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "segments", "key", "layout", "prompt_len", "sent",
-                 "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
+    __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "segments", "_key", "_layout", "prompt_len",
+                 "sent", "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
                  "finish_step", "lane", "realigned")
 
     def __init__(self, req: Request) -> None:
@@ -59,6 +59,7 @@ class Seq:
         self.arrival = req.arrival  # when this engine received it (set on submit); the trace's is req.arrival
         self.output_len = req.output_len
         self.fixed_order = req.fixed_order
+        self.prompt_len = req.prompt_len  # the same in any segment order
         self.set_segments(req.segments)
         self.sent = self.prefill_start = self.prefill_end = self.first_token = self.finish = -1.0
         self.hit = 0
@@ -70,9 +71,21 @@ class Seq:
 
     def set_segments(self, segments: tuple[Segment, ...]) -> None:
         self.segments = segments
-        self.key = serialize(segments).tobytes()
-        self.layout = layout(segments)
-        self.prompt_len = len(self.key) // TOKEN_BYTES
+        self._key = self._layout = None
+
+    @property
+    def key(self) -> bytes:
+        """The prompt's token bytes in the current order, made when first needed: a scheduler that realigns
+        a request before admission (QAS) then serializes its prompt once, not once per order."""
+        if self._key is None:
+            self._key = serialize(self.segments).tobytes()
+        return self._key
+
+    @property
+    def layout(self):
+        if self._layout is None:
+            self._layout = layout(self.segments)
+        return self._layout
 
     def realign(self, skeleton: tuple[str, ...] | None) -> bool:
         """Put the reusable segments in ``skeleton`` order (same multiset; None: keep the order, as a plan
@@ -89,9 +102,9 @@ class Seq:
                 (head if s.kind == SYS else tail).append(s)
         if tuple(reuse) == tuple(skeleton):
             return False
-        if sorted(reuse) != sorted(skeleton):
+        if len(skeleton) != len(reuse) or reuse.keys() != set(skeleton):
             raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
-        self.set_segments(tuple(head + [reuse[i] for i in skeleton] + tail))
+        self.set_segments((*head, *map(reuse.__getitem__, skeleton), *tail))
         self.realigned = True
         return True
 

@@ -1,0 +1,181 @@
+"""A QAS round as compiled loops: priorities, then alignment and signatures, then the order.
+
+Why compiled: a round reads every queued segment occurrence once (O(S)), but written as numpy array
+operations it takes about fifty of them, and at the queue sizes an engine sees (hundreds of requests) their
+fixed costs, not the work, set the round's time. In the simulator those rounds were most of what PRISM costs
+over FCFS. Here each half is one pass of plain loops that numba compiles once (and caches on disk), so a round
+costs a few microseconds plus the work itself. The loops also replace sorts by counting where the data allows:
+distinct (bucket, segment) pairs are found with a marker per segment, the lanes are read off the buckets in
+score order.
+
+The inputs are QAS's request matrix (``policies.qas._Rows``): one row per request, column 0 its system
+segment, then its reusable segments in prompt order, -1 padded; segments are numbered in first-seen order.
+Every float is computed with the same operations, in the same order per element, as the formulas in
+``policies.qas`` state them; sums of distinct terms (bucket utilities) may add in another order, which is
+exact for the default integer weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def priorities(mat, rows, width, active, nxt, w_a, w_n, w_g):
+    """Counters and priorities of every known segment: ``(base, prio)``, base = w_a·a + w_g·g (the part of
+    P that does not depend on the reference batch) and prio = base + w_n·n over the predicted next batch."""
+    g = np.zeros(active.shape[0], np.int64)
+    for i in range(rows.shape[0]):
+        row = mat[rows[i]]
+        for c in range(width):
+            s = row[c]
+            if s >= 0:
+                g[s] += 1
+    base = w_a * active + w_g * g
+    return base, base + w_n * nxt
+
+
+@njit(cache=True)
+def _before(prio, a, b):
+    """Whether segment a ranks before b: higher priority, ties to the segment seen first (lower index)."""
+    return prio[a] > prio[b] or (prio[a] == prio[b] and a < b)
+
+
+@njit(cache=True)
+def align_queue(mat, rows, lengths, fixed, prio, f, kappa):
+    """Front alignment and signatures of every queued request.
+
+    A request's aligned order puts its top-f reusable segments first, best first, and keeps the others in
+    their prompt order (``fixed`` rows, and rows with fewer than two segments, keep theirs). Its signature is
+    its top-kappa segments, listed in aligned order. Returns ``(aligned, moved, sig)``: the aligned segment
+    indices (-1 padded), whether the order changed, and the signatures (-1 padded, ``kappa`` columns).
+    """
+    n = rows.shape[0]
+    cols = mat.shape[1] - 1
+    aligned = np.full((n, cols), -1, np.int64)
+    moved = np.zeros(n, np.bool_)
+    sig = np.full((n, kappa), -1, np.int64)
+    top = np.empty(max(cols, 1), np.int64)  # a row's segments, best first (insertion sort: rows are short)
+    for i in range(n):
+        r = rows[i]
+        m = lengths[r]
+        seg = mat[r, 1:1 + m]
+        for j in range(m):
+            s = seg[j]
+            k = j
+            while k > 0 and _before(prio, s, top[k - 1]):
+                top[k] = top[k - 1]
+                k -= 1
+            top[k] = s
+        t = 0 if fixed[r] or m < 2 else min(f, m)
+        for j in range(t):
+            aligned[i, j] = top[j]
+        k = t
+        for j in range(m):
+            s = seg[j]
+            lead = False
+            for x in range(t):
+                if top[x] == s:
+                    lead = True
+            if not lead:
+                aligned[i, k] = s
+                k += 1
+        for j in range(m):
+            if aligned[i, j] != seg[j]:
+                moved[i] = True
+        # the signature: the top-kappa segments in aligned order
+        q = 0
+        for j in range(m):
+            s = aligned[i, j]
+            for x in range(min(kappa, m)):
+                if top[x] == s:
+                    sig[i, q] = s
+                    q += 1
+    return aligned, moved, sig
+
+
+@njit(cache=True)
+def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hint, q_cold):
+    """Buckets, their scores and the admission order of one round.
+
+    Requests with the same signature form a bucket, FIFO inside (by ``fifo``, a unique age key). A bucket's
+    provisional batch is its first ``hint`` requests; U(b) is the mean over the bucket's distinct reusable
+    segments of base + w_n·n(r; batch), and Score(b) = alpha·|b| + beta·U(b). The order is the ``q_cold``
+    oldest requests (FIFO), then the buckets by descending score (ties: older head), FIFO inside.
+
+    Returns ``(order, cold, grouped, starts, size, score)``: queue positions in admission order, the cold
+    lane's positions, the positions grouped by bucket, and per bucket its start in ``grouped``, size and score.
+    """
+    n = rows.shape[0]
+    V = base.shape[0]
+    span = fifo.max() + 1
+    grouped = np.argsort((sig + 1) * span + fifo)  # keys are unique: any sort gives this order
+    starts = np.empty(n, np.int64)
+    nb = 0
+    for j in range(n):
+        if j == 0 or sig[grouped[j]] != sig[grouped[j - 1]]:
+            starts[nb] = j
+            nb += 1
+    starts = starts[:nb]
+    size = np.empty(nb, np.int64)
+    score = np.empty(nb)
+    seen = np.full(V, -1, np.int64)  # the last bucket that counted each segment
+    for b in range(nb):
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < nb else n
+        size[b] = hi - lo
+        in_batch = 0  # n(r; batch) summed over the bucket's segments: the batch's segment occurrences
+        total = 0.0
+        distinct = 0
+        for j in range(lo, hi):
+            row = mat[rows[grouped[j]]]
+            if j - lo < hint:
+                in_batch += lengths[rows[grouped[j]]]
+            for c in range(1, width):
+                s = row[c]
+                if s < 0:
+                    break
+                if seen[s] != b:
+                    seen[s] = b
+                    distinct += 1
+                    total += base[s]
+        util = total + w_n * float(in_batch)
+        if distinct > 0:
+            util /= distinct
+        score[b] = alpha * size[b] + beta * util
+
+    # lanes: the q oldest first, then buckets by (descending score, older head), FIFO inside
+    q = min(q_cold, n)
+    cold = np.empty(q, np.int64)  # the q smallest fifo keys, kept sorted (q is a handful)
+    k = 0
+    for p in range(n):
+        f = fifo[p]
+        if q > 0 and (k < q or f < fifo[cold[k - 1]]):
+            j = k if k < q else q - 1
+            while j > 0 and fifo[cold[j - 1]] > f:
+                cold[j] = cold[j - 1]
+                j -= 1
+            cold[j] = p
+            if k < q:
+                k += 1
+    is_cold = np.zeros(n, np.bool_)
+    order = np.empty(n, np.int64)
+    for j in range(q):
+        is_cold[cold[j]] = True
+        order[j] = cold[j]
+    heads = np.empty(nb, np.int64)
+    for b in range(nb):
+        heads[b] = fifo[grouped[starts[b]]]
+    by_head = np.argsort(heads)  # unique
+    by_score = by_head[np.argsort(-score[by_head], kind="mergesort")]
+    k = q
+    for b in by_score:
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < nb else n
+        for j in range(lo, hi):
+            p = grouped[j]
+            if not is_cold[p]:
+                order[k] = p
+                k += 1
+    return order, cold, grouped, starts, size, score
