@@ -50,7 +50,7 @@ import numpy as np
 from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
-from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.qas_round import align_queue, order_queue, priorities
 
 
@@ -171,6 +171,8 @@ class QAS(Scheduler):
         self._base: np.ndarray | None = None  # the last plan's w_a·a + w_g·g, until its dispatch publishes P̂
         self._last: tuple | None = None
         self._queue: tuple[list, np.ndarray] | None = None  # the last order (minus any admitted head), its rows
+        self._published = np.zeros(0)  # the last published P̂, by segment index, and as the dict DART reads
+        self._published_dict: dict[str, float] = {}
         self.counters: Counter = Counter()
 
     @property
@@ -222,13 +224,12 @@ class QAS(Scheduler):
             ctx.batch_hint or n, cfg.q_cold)
         order = list(itemgetter(*order_pos.tolist())(waiting)) if n > 1 else list(waiting)
 
-        rid = rows_.rid[rows]
         self._base = base
         self._queue = (order, rows[order_pos])
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += len(starts)
-        return Plan(order, _Alignment(rows_.names, rid, aligned, moved), frozenset(rid[cold].tolist()))
+        return Plan(order, _Alignment(rows_, rows, aligned, moved), frozenset(rows_.rid[rows[cold]].tolist()))
 
     def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
         """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the
@@ -256,11 +257,23 @@ class QAS(Scheduler):
             self._queue = None
         self._next = rows_.counts(rest, V).astype(float)
         if ctx.hints is not None:
-            published = self._base + cfg.w_n * rows_.counts(taken, V)
-            nz = np.flatnonzero(published > 0)
-            names = itemgetter(*nz.tolist())(rows_.names) if len(nz) > 1 else [rows_.names[i] for i in nz]
-            ctx.hints.publish(dict(zip(names, published[nz].tolist())))
+            self._publish(ctx.hints, self._base + cfg.w_n * rows_.counts(taken, V))
         self._base = None
+
+    def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
+        """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
+        since the last publication are written, a small part of the hundreds with demand."""
+        last = np.zeros(len(published))
+        last[:len(self._published)] = self._published
+        changed = np.flatnonzero(published != last)
+        out, names = self._published_dict, self.rows.names
+        for i, p in zip(changed.tolist(), published[changed].tolist()):
+            if p > 0:
+                out[names[i]] = p
+            else:
+                out.pop(names[i], None)
+        self._published = published
+        hints.publish(out)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
@@ -270,18 +283,19 @@ class _Alignment(Mapping):
     """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes (the
     round aligned every queued request; names are looked up only for those the engine asks about)."""
 
-    def __init__(self, names: list[str], ids: np.ndarray, aligned: np.ndarray, moved: np.ndarray) -> None:
-        self._names, self._ids, self._aligned, self._moved = names, ids, aligned, moved
-        self._pos: dict[int, int] | None = None  # request id -> queue position, made on the first look-up
+    def __init__(self, rows: _Rows, queued: np.ndarray, aligned: np.ndarray, moved: np.ndarray) -> None:
+        self._rows, self._aligned, self._moved = rows, aligned, moved
+        self._ids = rows.rid[queued]
+        self._pos = np.full(rows.count, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
+        self._pos[queued] = np.arange(len(queued))
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
-        if self._pos is None:
-            self._pos = dict(zip(self._ids.tolist(), range(len(self._ids))))
-        i = self._pos[rid]
-        if not self._moved[i]:
+        row = self._rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
+        i = self._pos[row] if row < len(self._pos) else -1
+        if i < 0 or not self._moved[i]:
             raise KeyError(rid)
         row = self._aligned[i].tolist()  # a moved row has two or more segments: itemgetter gives a tuple
-        return itemgetter(*row[:row.index(-1)] if -1 in row else row)(self._names)
+        return itemgetter(*row[:row.index(-1)] if -1 in row else row)(self._rows.names)
 
     def __iter__(self):
         return (rid for rid, moved in zip(self._ids.tolist(), self._moved.tolist()) if moved)

@@ -74,7 +74,7 @@ class RadixCache:
         self.size = 0  # resident tokens
         self.evictable_size = 0  # resident tokens in unlocked nodes
         self._leaves: set[Node] = set()
-        self.resident: Counter = Counter()  # sys / reusable segment id -> resident nodes it owns
+        self.resident: dict[str, int] = {}  # sys / reusable segment id -> resident nodes it owns
 
     # ---------------------------------------------------------------- lookups
     def _lcp(self, a: bytes, b: bytes) -> int:
@@ -175,24 +175,31 @@ class RadixCache:
         the prompt that inserted the node."""
         if not layout:
             return [(end, PRIV, "")]
-        cuts = []
+        out, last = [], start
+        i = owner = bisect.bisect_left(layout, (start + 1,))  # the first segment ending after start
         if self.anchors:
             page = self.page_size
-            for e, _, _ in layout[bisect.bisect_left(layout, (start + 1,)):]:  # segments ending after start
+            for e, _, _ in layout[i:]:
                 cut = e - e % page  # page floors of the ends never decrease
                 if cut >= end:
                     break
-                if cut > (cuts[-1] if cuts else start):
-                    cuts.append(cut)
-        cuts.append(end)
-        return [(cut, *_owner(layout, cut)) for cut in cuts]
+                if cut > last:
+                    while layout[owner][0] < cut:  # the segment holding the token before the cut
+                        owner += 1
+                    out.append((cut, *layout[owner][1:]))
+                    last = cut
+        owner = min(owner, len(layout) - 1)  # past the prompt (generated tokens): the last segment
+        while owner < len(layout) - 1 and layout[owner][0] < end:
+            owner += 1
+        out.append((end, *layout[owner][1:]))
+        return out
 
     def _new_node(self, parent: Node, key: bytes, kind: str, seg: str) -> Node:
         depth = parent.depth + len(key) // TOKEN_BYTES
         node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
         self._next_id += 1
         if kind != PRIV:
-            self.resident[seg] += 1
+            self.resident[seg] = self.resident.get(seg, 0) + 1
         if not parent.children and parent is not self.root:
             self._leaves.discard(parent)
         parent.children[key[:self._pb]] = node
@@ -212,7 +219,7 @@ class RadixCache:
         upper.serial = child.id = self._next_id
         self._next_id += 1
         if kind != PRIV:
-            self.resident[seg] += 1
+            self.resident[seg] = self.resident.get(seg, 0) + 1
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
         parent.children[child.key[:self._pb]] = upper
