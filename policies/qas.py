@@ -51,7 +51,7 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
-from prism.policies.qas_round import align_queue, order_queue, priorities
+from prism.policies.qas_round import aligned_row, order_queue, priorities, signatures
 
 
 _ID = attrgetter("id")
@@ -215,8 +215,8 @@ class QAS(Scheduler):
         nxt[:len(self._next)] = self._next[:V]
         # 1. counters and priorities
         base, prio = priorities(rows_.mat, rows, width, self._active(ctx, V), nxt, cfg.w_a, cfg.w_n, cfg.w_g)
-        # front alignment, and signatures: the top-kappa reusable segments (in aligned order)
-        aligned, moved, sig = align_queue(rows_.mat, rows, rows_.length, rows_.fixed, prio, cfg.f_front, cfg.kappa)
+        # signatures: the top-kappa reusable segments (in aligned order)
+        sig = signatures(rows_.mat, rows, rows_.length, rows_.fixed, prio, cfg.f_front, cfg.kappa)
         sig = sig[:, 0] if cfg.kappa == 1 else np.unique(sig, axis=0, return_inverse=True)[1].ravel()
         # 3.-4. buckets, scores, cold and hot lanes
         order_pos, cold, grouped, starts, size, score = order_queue(
@@ -229,7 +229,7 @@ class QAS(Scheduler):
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += len(starts)
-        return Plan(order, _Alignment(rows_, rows, aligned, moved), frozenset(rows_.rid[rows[cold]].tolist()))
+        return Plan(order, _Alignment(rows_, rows, prio, cfg.f_front), frozenset(rows_.rid[rows[cold]].tolist()))
 
     def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
         """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the
@@ -280,25 +280,26 @@ class QAS(Scheduler):
 
 
 class _Alignment(Mapping):
-    """Plan.align for QAS: request id -> aligned reusable order, for the requests whose order changes (the
-    round aligned every queued request; names are looked up only for those the engine asks about)."""
+    """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
+    Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
 
-    def __init__(self, rows: _Rows, queued: np.ndarray, aligned: np.ndarray, moved: np.ndarray) -> None:
-        self._rows, self._aligned, self._moved = rows, aligned, moved
-        self._ids = rows.rid[queued]
+    def __init__(self, rows: _Rows, queued: np.ndarray, prio: np.ndarray, f_front: int) -> None:
+        self._rows, self._queued, self._prio, self._f = rows, queued, prio, f_front
         self._pos = np.full(rows.count, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
         self._pos[queued] = np.arange(len(queued))
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
-        row = self._rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
-        i = self._pos[row] if row < len(self._pos) else -1
-        if i < 0 or not self._moved[i]:
+        rows = self._rows
+        row = rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
+        if row >= len(self._pos) or self._pos[row] < 0:
             raise KeyError(rid)
-        row = self._aligned[i].tolist()  # a moved row has two or more segments: itemgetter gives a tuple
-        return itemgetter(*row[:row.index(-1)] if -1 in row else row)(self._rows.names)
+        out, moved = aligned_row(rows.mat, row, rows.length[row], rows.fixed[row], self._prio, self._f)
+        if not moved:
+            raise KeyError(rid)
+        return itemgetter(*out.tolist())(rows.names)  # a moved row has two or more segments: a tuple
 
     def __iter__(self):
-        return (rid for rid, moved in zip(self._ids.tolist(), self._moved.tolist()) if moved)
+        return (rid for rid in self._rows.rid[self._queued].tolist() if rid in self)
 
     def __len__(self) -> int:
-        return int(self._moved.sum())
+        return sum(1 for _ in self)

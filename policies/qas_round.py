@@ -27,9 +27,9 @@ def priorities(mat, rows, width, active, nxt, w_a, w_n, w_g):
     P that does not depend on the reference batch) and prio = base + w_n·n over the predicted next batch."""
     g = np.zeros(active.shape[0], np.int64)
     for i in range(rows.shape[0]):
-        row = mat[rows[i]]
+        r = rows[i]
         for c in range(width):
-            s = row[c]
+            s = mat[r, c]
             if s >= 0:
                 g[s] += 1
     base = w_a * active + w_g * g
@@ -43,56 +43,73 @@ def _before(prio, a, b):
 
 
 @njit(cache=True)
-def align_queue(mat, rows, lengths, fixed, prio, f, kappa):
-    """Front alignment and signatures of every queued request.
+def _align(mat, r, m, fixed, prio, f, top, out):
+    """Row r's aligned order into ``out[:m]``: its top-f reusable segments first, best first, the others in
+    prompt order (``fixed`` rows, and rows with fewer than two segments, keep theirs). ``top[:m]`` gets the
+    row's segments best first. Returns whether the order changed."""
+    for j in range(m):  # insertion sort: rows are short
+        s = mat[r, 1 + j]
+        k = j
+        while k > 0 and _before(prio, s, top[k - 1]):
+            top[k] = top[k - 1]
+            k -= 1
+        top[k] = s
+    t = 0 if fixed or m < 2 else min(f, m)
+    for j in range(t):
+        out[j] = top[j]
+    k = t
+    for j in range(m):
+        s = mat[r, 1 + j]
+        lead = False
+        for x in range(t):
+            if top[x] == s:
+                lead = True
+        if not lead:
+            out[k] = s
+            k += 1
+    moved = False
+    for j in range(m):
+        if out[j] != mat[r, 1 + j]:
+            moved = True
+    return moved
 
-    A request's aligned order puts its top-f reusable segments first, best first, and keeps the others in
-    their prompt order (``fixed`` rows, and rows with fewer than two segments, keep theirs). Its signature is
-    its top-kappa segments, listed in aligned order. Returns ``(aligned, moved, sig)``: the aligned segment
-    indices (-1 padded), whether the order changed, and the signatures (-1 padded, ``kappa`` columns).
-    """
+
+@njit(cache=True)
+def aligned_row(mat, r, m, fixed, prio, f):
+    """One request's aligned order (segment indices) and whether it differs from the prompt's: the engine
+    asks only for the requests it admits."""
+    top = np.empty(m, np.int64)
+    out = np.empty(m, np.int64)
+    moved = _align(mat, r, m, fixed, prio, f, top, out)
+    return out, moved
+
+
+@njit(cache=True)
+def signatures(mat, rows, lengths, fixed, prio, f, kappa):
+    """Each queued request's top-kappa reusable segments, listed in its aligned order (-1 padded, ``kappa``
+    columns; kappa = 1: the best segment, -1 without any)."""
     n = rows.shape[0]
-    cols = mat.shape[1] - 1
-    aligned = np.full((n, cols), -1, np.int64)
-    moved = np.zeros(n, np.bool_)
     sig = np.full((n, kappa), -1, np.int64)
-    top = np.empty(max(cols, 1), np.int64)  # a row's segments, best first (insertion sort: rows are short)
+    cols = mat.shape[1]
+    top = np.empty(cols, np.int64)
+    out = np.empty(cols, np.int64)
     for i in range(n):
         r = rows[i]
         m = lengths[r]
-        seg = mat[r, 1:1 + m]
-        for j in range(m):
-            s = seg[j]
-            k = j
-            while k > 0 and _before(prio, s, top[k - 1]):
-                top[k] = top[k - 1]
-                k -= 1
-            top[k] = s
-        t = 0 if fixed[r] or m < 2 else min(f, m)
-        for j in range(t):
-            aligned[i, j] = top[j]
-        k = t
-        for j in range(m):
-            s = seg[j]
-            lead = False
-            for x in range(t):
-                if top[x] == s:
-                    lead = True
-            if not lead:
-                aligned[i, k] = s
-                k += 1
-        for j in range(m):
-            if aligned[i, j] != seg[j]:
-                moved[i] = True
-        # the signature: the top-kappa segments in aligned order
+        if kappa == 1:
+            for j in range(m):
+                s = mat[r, 1 + j]
+                if j == 0 or _before(prio, s, sig[i, 0]):
+                    sig[i, 0] = s
+            continue
+        _align(mat, r, m, fixed[r], prio, f, top, out)
         q = 0
         for j in range(m):
-            s = aligned[i, j]
             for x in range(min(kappa, m)):
-                if top[x] == s:
-                    sig[i, q] = s
+                if top[x] == out[j]:
+                    sig[i, q] = out[j]
                     q += 1
-    return aligned, moved, sig
+    return sig
 
 
 @njit(cache=True)
@@ -129,11 +146,11 @@ def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hi
         total = 0.0
         distinct = 0
         for j in range(lo, hi):
-            row = mat[rows[grouped[j]]]
+            r = rows[grouped[j]]
             if j - lo < hint:
-                in_batch += lengths[rows[grouped[j]]]
+                in_batch += lengths[r]
             for c in range(1, width):
-                s = row[c]
+                s = mat[r, c]
                 if s < 0:
                     break
                 if seen[s] != b:
