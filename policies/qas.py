@@ -293,7 +293,7 @@ class _Alignment(Mapping):
         row = rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
         if row >= len(self._pos) or self._pos[row] < 0:
             raise KeyError(rid)
-        out, moved = aligned_row(rows.mat, row, rows.length[row], rows.fixed[row], self._prio, self._f)
+        out, moved = aligned_row(rows.mat, row, rows.length, rows.fixed, self._prio, self._f)
         if not moved:
             raise KeyError(rid)
         return itemgetter(*out.tolist())(rows.names)  # a moved row has two or more segments: a tuple

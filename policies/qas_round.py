@@ -75,12 +75,13 @@ def _align(mat, r, m, fixed, prio, f, top, out):
 
 
 @njit(cache=True)
-def aligned_row(mat, r, m, fixed, prio, f):
-    """One request's aligned order (segment indices) and whether it differs from the prompt's: the engine
-    asks only for the requests it admits."""
+def aligned_row(mat, r, lengths, fixed, prio, f):
+    """Row r's aligned order (segment indices) and whether it differs from the prompt's: the engine asks
+    only for the requests it admits."""
+    m = lengths[r]
     top = np.empty(m, np.int64)
     out = np.empty(m, np.int64)
-    moved = _align(mat, r, m, fixed, prio, f, top, out)
+    moved = _align(mat, r, m, fixed[r], prio, f, top, out)
     return out, moved
 
 
@@ -126,14 +127,35 @@ def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hi
     """
     n = rows.shape[0]
     V = base.shape[0]
-    span = fifo.max() + 1
-    grouped = np.argsort((sig + 1) * span + fifo)  # keys are unique: any sort gives this order
-    starts = np.empty(n, np.int64)
+    # the queue in FIFO order; fifo keys are unique, and dense for an engine's queue: a counting sort
+    low = fifo.min()
+    spread = fifo.max() - low + 1
+    if spread <= 4 * n + 64:
+        slot = np.full(spread, -1, np.int64)
+        for p in range(n):
+            slot[fifo[p] - low] = p
+        by_age = slot[slot >= 0]
+    else:
+        by_age = np.argsort(fifo)
+    # buckets, numbered in the order of their heads' age; members in FIFO order (a stable counting sort)
+    low = sig.min()
+    bucket_of = np.full(sig.max() - low + 1, -1, np.int64)
+    bucket = np.empty(n, np.int64)
+    count = np.zeros(n + 1, np.int64)
     nb = 0
-    for j in range(n):
-        if j == 0 or sig[grouped[j]] != sig[grouped[j - 1]]:
-            starts[nb] = j
+    for p in by_age:
+        k = sig[p] - low
+        if bucket_of[k] < 0:
+            bucket_of[k] = nb
             nb += 1
+        bucket[p] = bucket_of[k]
+        count[bucket[p] + 1] += 1
+    starts = np.cumsum(count[:nb + 1])  # bucket b is grouped[starts[b]:starts[b + 1]]
+    grouped = np.empty(n, np.int64)
+    fill = starts[:nb].copy()
+    for p in by_age:
+        grouped[fill[bucket[p]]] = p
+        fill[bucket[p]] += 1
     starts = starts[:nb]
     size = np.empty(nb, np.int64)
     score = np.empty(nb)
@@ -164,28 +186,13 @@ def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hi
 
     # lanes: the q oldest first, then buckets by (descending score, older head), FIFO inside
     q = min(q_cold, n)
-    cold = np.empty(q, np.int64)  # the q smallest fifo keys, kept sorted (q is a handful)
-    k = 0
-    for p in range(n):
-        f = fifo[p]
-        if q > 0 and (k < q or f < fifo[cold[k - 1]]):
-            j = k if k < q else q - 1
-            while j > 0 and fifo[cold[j - 1]] > f:
-                cold[j] = cold[j - 1]
-                j -= 1
-            cold[j] = p
-            if k < q:
-                k += 1
+    cold = by_age[:q]
     is_cold = np.zeros(n, np.bool_)
     order = np.empty(n, np.int64)
     for j in range(q):
         is_cold[cold[j]] = True
         order[j] = cold[j]
-    heads = np.empty(nb, np.int64)
-    for b in range(nb):
-        heads[b] = fifo[grouped[starts[b]]]
-    by_head = np.argsort(heads)  # unique
-    by_score = by_head[np.argsort(-score[by_head], kind="mergesort")]
+    by_score = np.argsort(-score, kind="mergesort")  # stable: buckets are numbered by their heads' age
     k = q
     for b in by_score:
         lo = starts[b]
