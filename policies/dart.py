@@ -50,12 +50,13 @@ class DART(EvictionPolicy):
             self.protected = frozenset()
             return
         resident = cache.resident
-        if self._version == self.hints.version and all(s in resident for s in self.protected):
+        if self._version == self.hints.version and resident.keys() >= self.protected:
             return
         self._version = self.hints.version
-        # the cache holds far fewer segments than QAS ranks: look the resident ones up
-        ranked = sorted((-p, s) for s in resident if (p := prio.get(s, 0.0)) > 0)
-        self.protected = frozenset(s for _, s in ranked[:f])
+        # the cache holds far fewer segments than QAS ranks: rank the resident ones, by P̂ descending, ties
+        # by id (a stable sort of the id-sorted set)
+        ranked = sorted(sorted(resident.keys() & prio.keys()), key=prio.__getitem__, reverse=True)
+        self.protected = frozenset(s for s in ranked[:f] if prio[s] > 0)
 
     def key(self, node: NodeView) -> tuple:
         if not self._hinted:  # no hints: plain LRU

@@ -247,12 +247,12 @@ class QAS(Scheduler):
         if self._base is None or self._queue is None:
             return
         V, k = len(rows_.names), len(admitted)
-        taken = rows_.rows_of(admitted)
         order, order_rows = self._queue
-        if np.array_equal(order_rows[:k], taken):  # the engine admitted the head of the order, as it does
-            rest = order_rows[k:2 * k]
+        if admitted == order[:k]:  # the engine admitted the head of the order, as it does (a C-level pass)
+            taken, rest = order_rows[:k], order_rows[k:2 * k]
             self._queue = (order[k:], order_rows[k:])
         else:
+            taken = rows_.rows_of(admitted)
             rest = order_rows[~np.isin(order_rows, taken)][:k]
             self._queue = None
         self._next = rows_.counts(rest, V).astype(float)

@@ -148,10 +148,8 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                for cut, kind, seg in self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout):
-                    node = self._new_node(node, key[pos:cut * TOKEN_BYTES], kind, seg)
-                    added += node.length
-                    pos = cut * TOKEN_BYTES
+                node = self._new_branch(node, key, pos, self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout))
+                added = (n - pos) // TOKEN_BYTES
                 break
             ck = child.key
             if not key.startswith(ck, pos):
@@ -194,18 +192,26 @@ class RadixCache:
         out.append((end, *layout[owner][1:]))
         return out
 
-    def _new_node(self, parent: Node, key: bytes, kind: str, seg: str) -> Node:
-        depth = parent.depth + len(key) // TOKEN_BYTES
-        node = Node(self._next_id, parent, key, depth, parent.last_access, kind, seg)
-        self._next_id += 1
-        if kind != PRIV:
-            self.resident[seg] = self.resident.get(seg, 0) + 1
+    def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]]) -> Node:
+        """Hang ``key[pos:]`` under ``parent`` as a chain of new nodes, one per piece; return the last (the
+        only new leaf). New nodes inherit the parent's access time; the caller refreshes the last."""
+        pb, resident = self._pb, self.resident
         if not parent.children and parent is not self.root:
             self._leaves.discard(parent)
-        parent.children[key[:self._pb]] = node
+        node, start = parent, pos
+        for cut, kind, seg in pieces:
+            end = cut * TOKEN_BYTES
+            child = Node(self._next_id, node, key[start:end], node.depth + (end - start) // TOKEN_BYTES,
+                         node.last_access, kind, seg)
+            self._next_id += 1
+            node.children[key[start:start + pb]] = child
+            if kind != PRIV:
+                resident[seg] = resident.get(seg, 0) + 1
+            node, start = child, end
         self._leaves.add(node)
-        self.size += node.length
-        self.evictable_size += node.length
+        tokens = (start - pos) // TOKEN_BYTES
+        self.size += tokens
+        self.evictable_size += tokens
         return node
 
     def _split(self, child: Node, m: int, layout: Layout | None) -> Node:
