@@ -116,13 +116,16 @@ class _Rows:
         """Register requests not seen before, in the given order (one block write for all of them)."""
         seg, block = self._seg, []
         for r in requests:
-            reusable, system = [], None
+            row, system = [-1], None
             for s in r.segments:
-                if s.kind == REUSE:
-                    reusable.append(seg(s.id))  # reusable first, then the system segment: the design's
-                elif s.kind != PRIV and system is None:  # first-seen order
+                kind = s.kind
+                if kind == REUSE:
+                    row.append(seg(s.id))  # reusable first, then the system segment: the design's
+                elif kind != PRIV and system is None:  # first-seen order
                     system = s.id
-            block.append([-1 if system is None else seg(system), *reusable])
+            if system is not None:
+                row[0] = seg(system)
+            block.append(row)
             age = (r.arrival, r.id)
             if age < self._last_age:
                 self.fifo_rows = False
@@ -288,15 +291,22 @@ class _Alignment(Mapping):
         self._pos = np.full(rows.count, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
         self._pos[queued] = np.arange(len(queued))
 
-    def __getitem__(self, rid: int) -> tuple[str, ...]:
+    def get(self, rid: int, default=None):
+        """The engine's call, once per admitted request (no exception for the many that keep their order)."""
         rows = self._rows
         row = rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
         if row >= len(self._pos) or self._pos[row] < 0:
-            raise KeyError(rid)
+            return default
         out, moved = aligned_row(rows.mat, row, rows.length, rows.fixed, self._prio, self._f)
         if not moved:
-            raise KeyError(rid)
+            return default
         return itemgetter(*out.tolist())(rows.names)  # a moved row has two or more segments: a tuple
+
+    def __getitem__(self, rid: int) -> tuple[str, ...]:
+        out = self.get(rid)
+        if out is None:
+            raise KeyError(rid)
+        return out
 
     def __iter__(self):
         return (rid for rid in self._rows.rid[self._queued].tolist() if rid in self)
