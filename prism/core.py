@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -153,6 +154,9 @@ class SegmentTable:
         return list(self._first)
 
 
+_LENGTH = attrgetter("length")
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One request of a trace: what the client sends, never changed by a run.
@@ -173,7 +177,7 @@ class Request:
 
     @property
     def prompt_len(self) -> int:
-        return sum(s.length for s in self.segments)
+        return sum(map(_LENGTH, self.segments))
 
     @property
     def skeleton(self) -> tuple[str, ...]:
