@@ -303,8 +303,7 @@ class Engine:
             seq.done += take
             self.inflight -= take
             _, node = self.cache.insert(seq.key[:seq.done * TOKEN_BYTES], now, seq.layout)
-            self.cache.lock(node)
-            self.cache.unlock(seq.node)
+            self.cache.relock(seq.node, node)
             seq.node = node
             if seq.done < seq.prompt_len:
                 continue

@@ -251,6 +251,16 @@ class RadixCache:
             node.lock_ref += 1
             node = node.parent
 
+    def relock(self, old: Node, new: Node) -> None:
+        """Move a request's lock from ``old`` to ``new``, old's descendant or old itself (its cached prompt
+        grew): the same as lock(new) then unlock(old), but only the nodes in between change."""
+        node = new
+        while node is not old:
+            if node.lock_ref == 0:
+                self.evictable_size -= node.length
+            node.lock_ref += 1
+            node = node.parent
+
     def unlock(self, node: Node) -> None:
         while node is not self.root:
             if node.lock_ref == 1:
