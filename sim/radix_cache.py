@@ -281,27 +281,23 @@ class RadixCache:
         heap = [(key(n), n.serial, n) for n in self._leaves if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
-        root = self.root
+        root, leaves, pb = self.root, self._leaves, self._pb
         while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[2]
             if on_evict is not None:
                 on_evict(node)
             parent = node.parent
-            self._delete_leaf(node)
+            del parent.children[node.key[:pb]]
+            leaves.discard(node)
+            self._disown(node)
             freed += node.length
-            if parent is not root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (key(parent), parent.serial, parent))
+            if parent is not root and not parent.children:  # the parent is a leaf now
+                leaves.add(parent)
+                if parent.lock_ref == 0:
+                    heapq.heappush(heap, (key(parent), parent.serial, parent))
+        self.size -= freed
+        self.evictable_size -= freed
         return freed
-
-    def _delete_leaf(self, node: Node) -> None:
-        parent = node.parent
-        del parent.children[node.key[:self._pb]]
-        self._leaves.discard(node)
-        self._disown(node)
-        self.size -= node.length
-        self.evictable_size -= node.length
-        if parent is not self.root and not parent.children:
-            self._leaves.add(parent)
 
     # ---------------------------------------------------------------- inspection
     def nodes(self) -> Iterator[Node]:
