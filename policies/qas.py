@@ -225,7 +225,7 @@ class QAS(Scheduler):
         order_pos, cold, grouped, starts, size, score = order_queue(
             rows_.mat, rows, width, fifo, rows_.length, sig, base, cfg.w_n, cfg.alpha_size, cfg.beta_util,
             ctx.batch_hint or n, cfg.q_cold)
-        order = list(itemgetter(*order_pos.tolist())(waiting)) if n > 1 else list(waiting)
+        order = list(_pick(waiting, order_pos))
 
         self._base = base
         self._queue = (order, rows[order_pos])
@@ -269,17 +269,21 @@ class QAS(Scheduler):
         last = np.zeros(len(published))
         last[:len(self._published)] = self._published
         changed = np.flatnonzero(published != last)
+        value = published[changed]
         out, names = self._published_dict, self.rows.names
-        for i, p in zip(changed.tolist(), published[changed].tolist()):
-            if p > 0:
-                out[names[i]] = p
-            else:
-                out.pop(names[i], None)
+        out.update(zip(_pick(names, changed[value > 0]), value[value > 0].tolist()))
+        for name in _pick(names, changed[value <= 0]):
+            del out[name]
         self._published = published
         hints.publish(out)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
+
+
+def _pick(items: Sequence, index: np.ndarray) -> Sequence:
+    """``items`` at these indices, in one C-level pass."""
+    return itemgetter(*index.tolist())(items) if len(index) > 1 else [items[i] for i in index.tolist()]
 
 
 class _Alignment(Mapping):
@@ -300,7 +304,7 @@ class _Alignment(Mapping):
         out, moved = aligned_row(rows.mat, row, rows.length, rows.fixed, self._prio, self._f)
         if not moved:
             return default
-        return itemgetter(*out.tolist())(rows.names)  # a moved row has two or more segments: a tuple
+        return tuple(_pick(rows.names, out))
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
         out = self.get(rid)
