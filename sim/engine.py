@@ -302,7 +302,7 @@ class Engine:
         for seq, take, _ in batch:
             seq.done += take
             self.inflight -= take
-            _, node = self.cache.insert(seq.key[:seq.done * TOKEN_BYTES], now, seq.layout)
+            _, node = self.cache.insert(seq.key[:seq.done * TOKEN_BYTES], now, seq.layout, start=seq.node)
             self.cache.relock(seq.node, node)
             seq.node = node
             if seq.done < seq.prompt_len:
@@ -322,7 +322,7 @@ class Engine:
         generated = seq.output_len - 1  # the last token's KV is never computed
         if generated:
             full = seq.key + output_token_bytes(generated)
-            self.cache.insert(full, now, seq.layout)
+            self.cache.insert(full, now, seq.layout, start=seq.node)
             self.decode_alloc -= generated
             self.sum_ctx -= seq.prompt_len + seq.output_len
         self.cache.unlock(seq.node)

@@ -138,12 +138,22 @@ class RadixCache:
         return pos // TOKEN_BYTES, node
 
     # ---------------------------------------------------------------- insertion
-    def insert(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
-        """Insert ``key`` (cut to whole pages); return (tokens newly added, last node of the key)."""
+    def insert(self, key: bytes, now: float, layout: Layout | None = None,
+               start: Node | None = None) -> tuple[int, Node]:
+        """Insert ``key`` (cut to whole pages); return (tokens newly added, last node of the key).
+
+        ``start``: a node on the key's path that the caller keeps locked (a request's own cached prefix, so
+        nothing above it can be evicted). Its path is refreshed through parent links and tokens are compared
+        only below it, with the same result as a walk from the root."""
         pb = self._pb
         n = len(key) - len(key) % pb
         key = key[:n]
         node, pos, added = self.root, 0, 0
+        if start is not None:
+            node, pos = start, start.depth * TOKEN_BYTES
+            while start is not self.root:
+                start.last_access = now
+                start = start.parent
         while pos < n:
             first = key[pos:pos + pb]
             child = node.children.get(first)
