@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from prism.core import PRIV, REUSE, SYS, SegmentTable
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.qas import QAS, QASConfig
+from prism.policies.qas_round import order_queue
 from qas_reference import ReferenceQAS
 
 TABLE = SegmentTable()
@@ -167,3 +169,27 @@ def test_cold_lane_bounds_the_wait(arrivals, q_cold, extra):
         waiting = [r for r in waiting if r.id not in gone]
         for r in waiting:
             assert deadline[r.id] > rnd, f"request {r.id} waited past its cold-lane bound"
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n=st.integers(1, 30), q_cold=st.integers(0, 3), hint=st.integers(1, 6))
+def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
+    """The round's ordering pass takes any unique age keys: dense ones (an engine's queue, sorted by counting)
+    and sparse ones (sorted by comparison) that rank the requests alike give the same buckets and order."""
+    V = 6
+    segs = st.lists(st.integers(0, V - 1), max_size=4, unique=True)
+    rows = [data.draw(segs) for _ in range(n)]
+    mat = np.full((n, 5), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        mat[i, 1:1 + len(r)] = r
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    sig = np.array([r[0] if r else -1 for r in rows], dtype=np.int64)
+    base = np.array(data.draw(st.lists(st.integers(0, 5), min_size=V, max_size=V)), dtype=float)
+    age = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
+    common = (mat, np.arange(n), 5, lengths, sig, base, 1e5, 1.0, 0.5, hint, q_cold)
+    dense = order_queue(*common[:3], age, *common[3:])
+    sparse = order_queue(*common[:3], age * 1000 + 7, *common[3:])
+    for a, b in zip(dense, sparse):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(dense[0].tolist()) == list(range(n))  # every request, once
+    assert dense[1].tolist() == np.argsort(age)[:min(q_cold, n)].tolist()  # the oldest, oldest first

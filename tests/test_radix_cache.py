@@ -132,3 +132,55 @@ def test_page_size_floors_matches_and_insertions():
     added, _ = cache.insert(key(range(10)), 0.0)
     assert added == 8  # the partial page is not cached
     assert cache.match_len(key(list(range(6)) + [99, 99])) == 4
+
+
+def _state(cache):
+    nodes = sorted((n.id, n.serial, n.key, n.depth, n.lock_ref, n.last_access, n.hit_count, n.kind, n.seg_id,
+                    n.parent.id) for n in cache.nodes())
+    return nodes, cache.size, cache.evictable_size, dict(cache.resident)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests=st.lists(st.tuples(seqs, st.integers(1, 10), st.lists(st.integers(0, 3), max_size=6)),
+                         min_size=1, max_size=12),
+       turns=st.lists(st.integers(0, 2), min_size=60, max_size=60), page=st.sampled_from([1, 2, 4]),
+       anchors=st.booleans())
+def test_walks_from_a_locked_node_equal_walks_from_the_root(requests, turns, page, anchors):
+    """The engine's shortcuts over a request's life (each prefill chunk and the finished sequence inserted
+    from the request's own locked node; its lock moved down with ``relock``) leave exactly the tree that
+    walks from the root with lock-then-unlock leave, with requests interleaved so that others split their
+    paths in between."""
+    fast, plain = RadixCache(None, page, anchors=anchors), RadixCache(None, page, anchors=anchors)
+    pending = list(enumerate(requests))
+    active = []  # [request, stage, cached tokens, locked node in fast, locked node in plain]
+    clock = 0.0
+    for turn in turns:
+        if pending and (len(active) < 3 or turn == 0):
+            i, (seq, chunk, out) = pending.pop(0)
+            layout = [(len(seq) // 2, "reuse", f"a{i % 3}"), (len(seq), "priv", f"q{i}")]
+            clock += 1.0
+            (m1, n1), (m2, n2) = (c.match(key(seq)[:-4], clock, layout) for c in (fast, plain))
+            assert m1 == m2
+            fast.lock(n1)
+            plain.lock(n2)
+            active.append([seq, chunk, out, layout, m1, n1, n2])
+        elif active:
+            a = active[turn % len(active)]
+            seq, chunk, out, layout, done, n1, n2 = a
+            clock += 1.0
+            if done < len(seq):  # a prefill chunk
+                done = min(len(seq), done + chunk)
+                _, new1 = fast.insert(key(seq[:done]), clock, layout, start=n1)
+                fast.relock(n1, new1)
+                _, new2 = plain.insert(key(seq[:done]), clock, layout)
+                plain.lock(new2)
+                plain.unlock(n2)
+                a[4:] = [done, new1, new2]
+            else:  # finished: the prompt and its generated tokens
+                fast.insert(key(seq + out), clock, layout, start=n1)
+                plain.insert(key(seq + out), clock, layout)
+                fast.unlock(n1)
+                plain.unlock(n2)
+                active.remove(a)
+        assert _state(fast) == _state(plain)
+        fast.check()
