@@ -51,7 +51,7 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
-from prism.policies.qas_round import aligned_row, order_queue, priorities, signatures
+from prism.policies.qas_round import aligned_row, order_queue, priorities, segment_counts, signatures
 
 
 _ID = attrgetter("id")
@@ -153,8 +153,7 @@ class _Rows:
 
     def counts(self, rows: np.ndarray, size: int) -> np.ndarray:
         """Per segment: how many of these requests contain it (reusable and system segments)."""
-        seg = self.mat[rows, :self.width]
-        return np.bincount(seg[seg >= 0], minlength=size)
+        return segment_counts(self.mat, rows, self.width, size)
 
     def fifo(self, rows: np.ndarray) -> np.ndarray:
         """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
@@ -258,7 +257,7 @@ class QAS(Scheduler):
             taken = rows_.rows_of(admitted)
             rest = order_rows[~np.isin(order_rows, taken)][:k]
             self._queue = None
-        self._next = rows_.counts(rest, V).astype(float)
+        self._next = rows_.counts(rest, V)
         if ctx.hints is not None:
             self._publish(ctx.hints, self._base + cfg.w_n * rows_.counts(taken, V))
         self._base = None

@@ -22,17 +22,23 @@ from numba import njit
 
 
 @njit(cache=True)
-def priorities(mat, rows, width, active, nxt, w_a, w_n, w_g):
-    """Counters and priorities of every known segment: ``(base, prio)``, base = w_a·a + w_g·g (the part of
-    P that does not depend on the reference batch) and prio = base + w_n·n over the predicted next batch."""
-    g = np.zeros(active.shape[0], np.int64)
+def segment_counts(mat, rows, width, size):
+    """Per segment (``size`` of them): how many of these rows contain it, system and reusable segments."""
+    count = np.zeros(size)
     for i in range(rows.shape[0]):
         r = rows[i]
         for c in range(width):
             s = mat[r, c]
             if s >= 0:
-                g[s] += 1
-    base = w_a * active + w_g * g
+                count[s] += 1
+    return count
+
+
+@njit(cache=True)
+def priorities(mat, rows, width, active, nxt, w_a, w_n, w_g):
+    """Counters and priorities of every known segment: ``(base, prio)``, base = w_a·a + w_g·g (the part of
+    P that does not depend on the reference batch) and prio = base + w_n·n over the predicted next batch."""
+    base = w_a * active + w_g * segment_counts(mat, rows, width, active.shape[0])
     return base, base + w_n * nxt
 
 
