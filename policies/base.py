@@ -71,7 +71,8 @@ class DemandHints:
     ``active[r]``: admitted, unfinished requests that contain segment r (kept by the engine).
     ``priority[r]``: the scheduler's published priority P̂(r) of its last dispatch (empty without QAS;
     segments without demand are absent).
-    ``version`` increases with every publication so that a policy can cache derived sets.
+    ``version`` increases with every publication so that a policy can cache derived sets. A publisher may
+    update one mapping in place from publication to publication (QAS does): read it, don't keep it.
     """
 
     active: Counter = field(default_factory=Counter)

@@ -30,11 +30,13 @@ Choices the design leaves open, made here:
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
-Cost per round: O(S) in queued segment occurrences S, plus sorts of the queued segments (ranking), of the
-(bucket, segment) pairs, of the buckets and of the queue (one int64 key each: rows are numbered in FIFO order),
-all in vectorised numpy; no all-pairs work. Per request, QAS keeps its segment indices in a matrix row
-registered once, on the request's first round; an engine's queue is matched to rows by looking up only the
-requests that arrived since the last round.
+Cost per round: O(S) in queued segment occurrences S, in three compiled passes over the queue
+(``policies.qas_round``): counters and priorities; signatures; buckets, scores and lanes. Buckets and the FIFO
+order come from counting sorts (rows are numbered in FIFO order), bucket ranking from a sort of the buckets;
+no all-pairs work. Front alignment (a sort of one request's few segments) runs only for the requests the
+engine admits. Per request, QAS keeps its segment indices in a matrix row registered once, on the request's
+first round; an engine's queue is matched to rows by looking up only the requests that arrived since the last
+round.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ class QAS(Scheduler):
         nxt[:len(self._next)] = self._next[:V]
         # 1. counters and priorities
         base, prio = priorities(rows_.mat, rows, width, self._active(ctx, V), nxt, cfg.w_a, cfg.w_n, cfg.w_g)
-        # signatures: the top-kappa reusable segments (in aligned order)
+        # 2. signatures: the top-kappa reusable segments (in aligned order)
         sig = signatures(rows_.mat, rows, rows_.length, rows_.fixed, prio, cfg.f_front, cfg.kappa)
         sig = sig[:, 0] if cfg.kappa == 1 else np.unique(sig, axis=0, return_inverse=True)[1].ravel()
         # 3.-4. buckets, scores, cold and hot lanes

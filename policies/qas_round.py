@@ -1,19 +1,18 @@
-"""A QAS round as compiled loops: priorities, then alignment and signatures, then the order.
+"""A QAS round as compiled loops: counters and priorities, signatures, then buckets, scores and lanes; and the
+front alignment of one request.
 
 Why compiled: a round reads every queued segment occurrence once (O(S)), but written as numpy array
-operations it takes about fifty of them, and at the queue sizes an engine sees (hundreds of requests) their
-fixed costs, not the work, set the round's time. In the simulator those rounds were most of what PRISM costs
-over FCFS. Here each half is one pass of plain loops that numba compiles once (and caches on disk), so a round
-costs a few microseconds plus the work itself. The loops also replace sorts by counting where the data allows:
-distinct (bucket, segment) pairs are found with a marker per segment, the lanes are read off the buckets in
-score order.
+operations it took about fifty of them, and at the queue sizes an engine sees (hundreds of requests) their
+fixed costs, not the work, set the round's time; in the simulator those rounds were most of what QAS cost.
+Here each pass is plain loops that numba compiles on first use and caches on disk. The loops also replace
+sorts by counting where the data allows: the FIFO order and the buckets come from counting sorts, distinct
+(bucket, segment) pairs from a marker per segment, and the lanes are read off the buckets in score order.
 
 The inputs are QAS's request matrix (``policies.qas._Rows``): one row per request, column 0 its system
 segment, then its reusable segments in prompt order, -1 padded; segments are numbered in first-seen order.
 Every float is computed with the same operations, in the same order per element, as the formulas in
 ``policies.qas`` state them; sums of distinct terms (bucket utilities) may add in another order, which is
-exact for the default integer weights.
-"""
+exact for the default integer weights."""
 
 from __future__ import annotations
 
