@@ -158,7 +158,7 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                node = self._new_branch(node, key, pos, self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout))
+                node = self._new_branch(node, key, pos, self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout), now)
                 added = (n - pos) // TOKEN_BYTES
                 break
             ck = child.key
@@ -202,17 +202,18 @@ class RadixCache:
         out.append((end, *layout[owner][1:]))
         return out
 
-    def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]]) -> Node:
-        """Hang ``key[pos:]`` under ``parent`` as a chain of new nodes, one per piece; return the last (the
-        only new leaf). New nodes inherit the parent's access time; the caller refreshes the last."""
+    def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
+                    now: float) -> Node:
+        """Hang ``key[pos:]`` under ``parent`` as a chain of new nodes, one per piece, accessed ``now`` (as
+        SGLang stamps a new node); return the last (the only new leaf)."""
         pb, resident = self._pb, self.resident
         if not parent.children and parent is not self.root:
             self._leaves.discard(parent)
         node, start = parent, pos
         for cut, kind, seg in pieces:
             end = cut * TOKEN_BYTES
-            child = Node(self._next_id, node, key[start:end], node.depth + (end - start) // TOKEN_BYTES,
-                         node.last_access, kind, seg)
+            child = Node(self._next_id, node, key[start:end], node.depth + (end - start) // TOKEN_BYTES, now,
+                         kind, seg)
             self._next_id += 1
             node.children[key[start:start + pb]] = child
             if kind != PRIV:
