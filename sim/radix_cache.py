@@ -290,11 +290,13 @@ class RadixCache:
         if num_tokens <= 0:
             return 0
         heap = [(key(n), n.serial, n) for n in self._leaves if n.lock_ref == 0]
+        if not heap:
+            return 0
         heapq.heapify(heap)
         freed = 0
         root, leaves, pb = self.root, self._leaves, self._pb
-        while freed < num_tokens and heap:
-            node = heapq.heappop(heap)[2]
+        node = heapq.heappop(heap)[2]
+        while True:
             if on_evict is not None:
                 on_evict(node)
             parent = node.parent
@@ -302,10 +304,17 @@ class RadixCache:
             leaves.discard(node)
             self._disown(node)
             freed += node.length
-            if parent is not root and not parent.children:  # the parent is a leaf now
+            bare = parent is not root and not parent.children  # the parent is a leaf now
+            if bare:
                 leaves.add(parent)
-                if parent.lock_ref == 0:
-                    heapq.heappush(heap, (key(parent), parent.serial, parent))
+            if freed >= num_tokens:
+                break
+            if bare and parent.lock_ref == 0:  # a candidate now: often the next to go (one heap operation)
+                node = heapq.heappushpop(heap, (key(parent), parent.serial, parent))[2]
+            elif heap:
+                node = heapq.heappop(heap)[2]
+            else:
+                break
         self.size -= freed
         self.evictable_size -= freed
         return freed
