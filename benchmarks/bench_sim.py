@@ -4,8 +4,9 @@
 
 Prints wall seconds (best of --repeat), simulated requests per wall second, and each method's ratio to FCFS
 (these machines are noisy: compare ratios from one run, not absolute numbers across runs). Methods are
-interleaved within each repeat after a warm-up run, and the process pins itself to one CPU core when the OS
-allows; garbage left by the previous run is collected before each timed run. Targets (issue #2): >= 10,000 simulated requests/s for FCFS; LPM <= 3x FCFS.
+interleaved within each repeat after a warm-up run, the process pins itself to one CPU core when the OS
+allows, and garbage left by the previous run is collected before each timed run. Targets: >= 10,000
+simulated requests/s for FCFS and LPM <= 3x FCFS (issue #2); PRISM <= 2x FCFS (issue #3).
 """
 
 from __future__ import annotations
