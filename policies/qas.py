@@ -53,7 +53,7 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
-from prism.policies.qas_round import aligned_row, order_queue, priorities, segment_counts, signatures
+from prism.policies.qas_round import aligned_row, changes, order_queue, priorities, segment_counts, signatures
 
 
 _ID = attrgetter("id")
@@ -267,13 +267,10 @@ class QAS(Scheduler):
     def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
-        last = np.zeros(len(published))
-        last[:len(self._published)] = self._published
-        changed = np.flatnonzero(published != last)
-        value = published[changed]
+        up, gone = changes(published, self._published)
         out, names = self._published_dict, self.rows.names
-        out.update(zip(_pick(names, changed[value > 0]), value[value > 0].tolist()))
-        for name in _pick(names, changed[value <= 0]):
+        out.update(zip(_pick(names, up), published[up].tolist()))
+        for name in _pick(names, gone):
             del out[name]
         self._published = published
         hints.publish(out)

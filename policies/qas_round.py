@@ -208,3 +208,23 @@ def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hi
                 order[k] = p
                 k += 1
     return order, cold, grouped, starts, size, score
+
+
+@njit(cache=True)
+def changes(new, old):
+    """Where a publication differs from the last (``old`` is shorter when segments were added since; its
+    missing entries are zero): ``(set, dropped)``, the indices now positive and those now zero."""
+    n = new.shape[0]
+    up = np.empty(n, np.int64)
+    gone = np.empty(n, np.int64)
+    a = b = 0
+    for i in range(n):
+        was = old[i] if i < old.shape[0] else 0.0
+        if new[i] != was:
+            if new[i] > 0:
+                up[a] = i
+                a += 1
+            else:
+                gone[b] = i
+                b += 1
+    return up[:a], gone[:b]
