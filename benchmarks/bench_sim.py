@@ -1,6 +1,6 @@
 """Simulator speed: the default trace (2048 requests) per method, side by side in one run.
 
-    python benchmarks/bench_sim.py [--repeat 3] [--methods sglang,fcfs] [--trace traces/zipf.yaml]
+    python benchmarks/bench_sim.py [--repeat 7] [--methods sglang,fcfs] [--trace traces/zipf.yaml]
 
 Prints wall seconds (best of --repeat), simulated requests per wall second, and each method's ratio to FCFS
 (these machines are noisy: compare ratios from one run, not absolute numbers across runs). Methods are
@@ -27,7 +27,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default="traces/zipf.yaml")
     p.add_argument("--methods", default=",".join(["fcfs", *[m for m in METHODS if m != "fcfs"]]))
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
