@@ -117,13 +117,13 @@ class _Rows:
     def add(self, requests: Sequence[WaitingRequest]) -> None:
         """Register requests not seen before, in the given order (one block write for all of them)."""
         seg, block = self._seg, []
-        for r in requests:
+        for r in requests:  # segments numbered as seen: a request's reusable ones, then its system segment
             row, system = [-1], None
             for s in r.segments:
                 kind = s.kind
                 if kind == REUSE:
-                    row.append(seg(s.id))  # reusable first, then the system segment: the design's
-                elif kind != PRIV and system is None:  # first-seen order
+                    row.append(seg(s.id))
+                elif kind != PRIV and system is None:
                     system = s.id
             if system is not None:
                 row[0] = seg(system)

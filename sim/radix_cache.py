@@ -158,7 +158,8 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                node = self._new_branch(node, key, pos, self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout), now)
+                pieces = self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout)
+                node = self._new_branch(node, key, pos, pieces, now)
                 added = (n - pos) // TOKEN_BYTES
                 break
             ck = child.key
