@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from prism.core import TOKEN_DTYPE
 from prism.errors import UserError
 
 
@@ -47,7 +48,7 @@ class SGLangQueue:
 
     def requests(self, waiting: Sequence) -> list:
         """SGLang ``Req`` objects for prism waiting requests (rid = the request id, prompt = its key)."""
-        return [self._Req(str(r.id), "", token_array(np.frombuffer(r.key, dtype=np.int32)),
+        return [self._Req(str(r.id), "", token_array(np.frombuffer(r.key, dtype=TOKEN_DTYPE)),
                           self._SamplingParams(max_new_tokens=1)) for r in waiting]
 
     def sort(self, reqs: list) -> list:

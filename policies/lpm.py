@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from prism.config import nonneg
+from prism.core import TOKEN_BYTES
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
-
-TOKEN_BYTES = 4
 
 
 @dataclass

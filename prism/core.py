@@ -27,6 +27,10 @@ import numpy as np
 SYS, REUSE, PRIV = "sys", "reuse", "priv"
 KINDS = (SYS, REUSE, PRIV)
 
+#: Token ids are int32; a prompt travels as their bytes (``key``), so that comparing prefixes is a memcmp.
+TOKEN_DTYPE = np.int32
+TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+
 #: First tokens are handed out from here upwards, one per segment id; the bulk of a segment's tokens lie
 #: in ``[BULK_LOW, vocab_size)``. Keeping the ranges apart guarantees distinct first tokens.
 FIRST_TOKEN_BASE = 1
@@ -52,7 +56,7 @@ def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: 
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
         x = x ^ (x >> np.uint64(31))
-    return (low + (x % np.uint64(high - low))).astype(np.int32)
+    return (low + (x % np.uint64(high - low))).astype(TOKEN_DTYPE)
 
 
 def _bulk(seed: int, count: int) -> np.ndarray:
@@ -111,7 +115,7 @@ class SegmentTable:
                 raise ValueError(f"segment {seg_id!r} declared as {self._kind[seg_id]!r} and {kind!r}")
             return
         if tokens is not None:
-            arr = np.asarray(tokens, dtype=np.int32)
+            arr = np.asarray(tokens, dtype=TOKEN_DTYPE)
             first = int(arr[0]) if len(arr) else FIRST_TOKEN_BASE + len(self._first)
             self._explicit[seg_id] = arr
         else:
@@ -132,7 +136,7 @@ class SegmentTable:
                 raise ValueError(f"segment {seg_id!r} has {len(full)} tokens, {length} asked")
             tokens = full[:length]
         else:
-            tokens = np.empty(length, dtype=np.int32)
+            tokens = np.empty(length, dtype=TOKEN_DTYPE)
             if length:
                 tokens[0] = self._first[seg_id]
                 tokens[1:] = _bulk(stable_hash(seg_id), length - 1)
@@ -191,7 +195,7 @@ class Request:
 def serialize(segments: Iterable[Segment]) -> np.ndarray:
     """The prompt's token ids: segment tokens concatenated in the given order."""
     parts = [s.tokens for s in segments]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=TOKEN_DTYPE)
 
 
 _OUTPUT_SEED = stable_hash("output")
@@ -199,7 +203,7 @@ _OUTPUT_SEED = stable_hash("output")
 
 @functools.lru_cache(maxsize=64)
 def output_token_bytes(count: int) -> bytes:
-    """Stand-ins for the tokens a request generates, as int32 bytes.
+    """Stand-ins for the tokens a request generates, as token bytes.
 
     They follow the request's private suffix, so their radix path is private whatever their values; one
     shared stream (cut to ``count``) keeps the simulator from hashing per request.

@@ -26,10 +26,10 @@ import simpy
 
 from prism.calibration.cost_model import CostModel
 from prism.config import nonneg, positive
-from prism.core import PRIV, REUSE, SYS, Request, Segment, layout, output_token_bytes, serialize
+from prism.core import PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 
-from prism.sim.radix_cache import TOKEN_BYTES, RadixCache
+from prism.sim.radix_cache import RadixCache
 
 
 @dataclass

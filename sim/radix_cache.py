@@ -19,9 +19,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from prism.core import PRIV
+from prism.core import PRIV, TOKEN_BYTES, TOKEN_DTYPE
 
-TOKEN_BYTES = 4
 Layout = Sequence[tuple[int, str, str]]  # (segment end offset, kind, segment id)
 
 
@@ -80,8 +79,8 @@ class RadixCache:
     def _lcp(self, a: bytes, b: bytes) -> int:
         """Common prefix of two token byte strings, in tokens, floored to the page size."""
         n = min(len(a), len(b)) // TOKEN_BYTES
-        x = np.frombuffer(a, dtype=np.int32, count=n)
-        y = np.frombuffer(b, dtype=np.int32, count=n)
+        x = np.frombuffer(a, dtype=TOKEN_DTYPE, count=n)
+        y = np.frombuffer(b, dtype=TOKEN_DTYPE, count=n)
         diff = np.flatnonzero(x != y)
         m = int(diff[0]) if len(diff) else n
         return m - m % self.page_size
@@ -336,7 +335,7 @@ class RadixCache:
             while n is not self.root:
                 parts.append(n.key)
                 n = n.parent
-            out.append(np.frombuffer(b"".join(reversed(parts)), dtype=np.int32))
+            out.append(np.frombuffer(b"".join(reversed(parts)), dtype=TOKEN_DTYPE))
         return out
 
     def check(self) -> None:
