@@ -183,24 +183,17 @@ class RadixCache:
         the prompt that inserted the node."""
         if not layout:
             return [(end, PRIV, "")]
-        out, last = [], start
-        i = owner = bisect.bisect_left(layout, (start + 1,))  # the first segment ending after start
+        cuts = []
         if self.anchors:
             page = self.page_size
-            for e, _, _ in layout[i:]:
+            for e, _, _ in layout[bisect.bisect_left(layout, (start + 1,)):]:  # segments ending after start
                 cut = e - e % page  # page floors of the ends never decrease
                 if cut >= end:
                     break
-                if cut > last:
-                    while layout[owner][0] < cut:  # the segment holding the token before the cut
-                        owner += 1
-                    out.append((cut, *layout[owner][1:]))
-                    last = cut
-        owner = min(owner, len(layout) - 1)  # past the prompt (generated tokens): the last segment
-        while owner < len(layout) - 1 and layout[owner][0] < end:
-            owner += 1
-        out.append((end, *layout[owner][1:]))
-        return out
+                if cut > (cuts[-1] if cuts else start):
+                    cuts.append(cut)
+        cuts.append(end)
+        return [(cut, *_owner(layout, cut)) for cut in cuts]
 
     def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
                     now: float) -> Node:
@@ -256,17 +249,16 @@ class RadixCache:
 
     # ---------------------------------------------------------------- locks
     def lock(self, node: Node) -> None:
-        while node is not self.root:
-            if node.lock_ref == 0:
-                self.evictable_size -= node.length
-            node.lock_ref += 1
-            node = node.parent
+        self._lock_path(node, self.root)
 
     def relock(self, old: Node, new: Node) -> None:
         """Move a request's lock from ``old`` to ``new``, old's descendant or old itself (its cached prompt
         grew): the same as lock(new) then unlock(old), but only the nodes in between change."""
-        node = new
-        while node is not old:
+        self._lock_path(new, old)
+
+    def _lock_path(self, node: Node, stop: Node) -> None:
+        """Lock the nodes from ``node`` up to ``stop`` (excluded)."""
+        while node is not stop:
             if node.lock_ref == 0:
                 self.evictable_size -= node.length
             node.lock_ref += 1
