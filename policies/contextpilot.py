@@ -158,7 +158,7 @@ class ContextPilot(Scheduler):
             ctx = tuple(s.id for s in r.segments if s.kind == REUSE)
             path, node = search(self.root, ctx)
             aligned = None
-            if not getattr(r, "fixed_order", False):  # fixed-order prompts are grouped but keep their order
+            if not r.fixed_order:  # fixed-order prompts are grouped but keep their order
                 have = set(ctx)
                 first = tuple(d for d in node.docs if d in have)
                 moved = first + tuple(d for d in ctx if d not in set(first))

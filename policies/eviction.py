@@ -27,11 +27,11 @@ class LRUActive(EvictionPolicy):
 
     needs_anchors = True
 
+    def _active(self, node: NodeView) -> bool:
+        return node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0
+
     def key(self, node: NodeView) -> tuple:
-        active = node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0
-        return (1 if active else 0, node.last_access)
+        return (1 if self._active(node) else 0, node.last_access)
 
     def tier(self, node: NodeView) -> str:
-        if node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0:
-            return "protected"
-        return super().tier(node)
+        return "protected" if self._active(node) else super().tier(node)

@@ -142,7 +142,7 @@ class _Rows:
         self.arrival[n0:n1] = [r.arrival for r in requests]
         ids = [r.id for r in requests]
         self.rid[n0:n1] = ids
-        self.fixed[n0:n1] = [bool(getattr(r, "fixed_order", False)) for r in requests]
+        self.fixed[n0:n1] = [r.fixed_order for r in requests]
         self.row.update(zip(ids, range(n0, n1)))
         self.count, self.width = n1, width
 

@@ -1,5 +1,5 @@
-"""A QAS round as compiled loops: counters and priorities, signatures, then buckets, scores and lanes; and the
-front alignment of one request.
+"""A QAS round as compiled loops: counters and priorities, signatures, then buckets, scores and lanes; the
+front alignment of one request; and what changed between two publications of P̂.
 
 Why compiled: a round reads every queued segment occurrence once (O(S)), but written as numpy array
 operations it took about fifty of them, and at the queue sizes an engine sees (hundreds of requests) their

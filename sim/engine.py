@@ -82,7 +82,7 @@ class Seq:
         return self._key
 
     @property
-    def layout(self):
+    def layout(self) -> tuple[tuple[int, str, str], ...]:
         if self._layout is None:
             self._layout = layout(self.segments)
         return self._layout

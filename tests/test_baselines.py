@@ -19,6 +19,8 @@ TABLE = SegmentTable()
 
 
 class W:
+    fixed_order = False
+
     def __init__(self, rid, t, skeleton, priv_len=3):
         self.id, self.arrival = rid, t
         self.segments = (TABLE.segment("sys", SYS, 4), *(TABLE.segment(s, REUSE, 8) for s in skeleton),
