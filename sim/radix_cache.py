@@ -183,17 +183,25 @@ class RadixCache:
         the prompt that inserted the node."""
         if not layout:
             return [(end, PRIV, "")]
-        cuts = []
+        out, last = [], start
+        i = owner = bisect.bisect_left(layout, (start + 1,))  # the first segment ending after start
         if self.anchors:
             page = self.page_size
-            for e, _, _ in layout[bisect.bisect_left(layout, (start + 1,)):]:  # segments ending after start
+            for e, _, _ in layout[i:]:
                 cut = e - e % page  # page floors of the ends never decrease
                 if cut >= end:
                     break
-                if cut > (cuts[-1] if cuts else start):
-                    cuts.append(cut)
-        cuts.append(end)
-        return [(cut, *_owner(layout, cut)) for cut in cuts]
+                if cut > last:
+                    # _owner's rule walked forward (cuts only grow): the first segment ending at or after the cut
+                    while layout[owner][0] < cut:
+                        owner += 1
+                    out.append((cut, *layout[owner][1:]))
+                    last = cut
+        owner = min(owner, len(layout) - 1)  # past the prompt (generated tokens): the last segment
+        while owner < len(layout) - 1 and layout[owner][0] < end:
+            owner += 1
+        out.append((end, *layout[owner][1:]))
+        return out
 
     def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
                     now: float) -> Node:

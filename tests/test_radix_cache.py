@@ -184,3 +184,20 @@ def test_walks_from_a_locked_node_equal_walks_from_the_root(requests, turns, pag
                 active.remove(a)
         assert _state(fast) == _state(plain)
         fast.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=8), page=st.sampled_from([1, 2, 4]),
+       anchors=st.booleans(), data=st.data())
+def test_pieces_cut_at_page_floors_of_segment_ends_and_belong_to_the_owner(lengths, page, anchors, data):
+    """A new branch's pieces: with anchors, one per page-floored segment end strictly inside (start, end), then
+    one to the end (generated tokens may run past the prompt); each owned as ``_owner`` says."""
+    from prism.sim.radix_cache import _owner
+    ends = np.cumsum(lengths).tolist()
+    layout = [(e, "reuse" if i % 2 else "sys", f"s{i}") for i, e in enumerate(ends)]
+    start = data.draw(st.integers(0, ends[-1] - 1))
+    end = data.draw(st.integers(start + 1, ends[-1] + 6))
+    pieces = RadixCache(None, page, anchors=anchors)._pieces(start, end, layout)
+    inner = sorted({e - e % page for e in ends if start < e - e % page < end}) if anchors else []
+    assert [c for c, _, _ in pieces] == inner + [end]
+    assert [(k, s) for _, k, s in pieces] == [_owner(layout, c) for c, _, _ in pieces]
