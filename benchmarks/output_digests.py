@@ -1,0 +1,65 @@
+"""Digests of ``requests.csv`` for a fixed set of comparison runs: a refactoring or speed change must leave
+every one of them byte-identical.
+
+    python benchmarks/output_digests.py > before.txt     # on the old commit
+    python benchmarks/output_digests.py --check before.txt   # on the new one: exit 1 on any difference
+
+The set covers every scheduler at a light and a heavy load, the real-data workloads, an anchored eviction
+under a plain scheduler, and QAS with a longer signature on pages of 16 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import sys
+import tempfile
+from pathlib import Path
+
+from prism.cli.sim import main as sim_main
+
+RUNS: dict[str, list[str]] = {
+    **{f"{m}-qps{q}": ["--trace", "zipf", "--method", m, "--qps", str(q)]
+       for m in ("prism", "sglang", "fcfs", "klpm", "contextpilot") for q in (25, 60)},
+    "multihop-prism": ["--trace", "multihop", "--method", "prism"],
+    "agent-prism": ["--trace", "agent", "--method", "prism", "--set", "trace.num_requests=300"],
+    "fcfs+lru_active": ["--trace", "zipf", "--method", "fcfs+lru_active"],
+    "qas-kappa2-page16": ["--trace", "zipf", "--method", "prism", "--set", "qas.kappa=2",
+                          "--set", "engine.page_size=16"],
+}
+
+
+def digests(only: list[str] | None = None) -> dict[str, str]:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in RUNS.items():
+            if only and name not in only:
+                continue
+            folder = Path(tmp) / name
+            with contextlib.redirect_stdout(io.StringIO()):
+                sim_main([*args, "--no-progress", "--out", str(folder)])
+            out[name] = hashlib.sha256((folder / "requests.csv").read_bytes()).hexdigest()[:16]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", help="a file written by an earlier run: exit 1 if any digest differs")
+    p.add_argument("--only", nargs="*", help="run only these names")
+    args = p.parse_args()
+    now = digests(args.only)
+    if not args.check:
+        for k, v in now.items():
+            print(f"{k} {v}")
+        return 0
+    before = dict(line.split() for line in Path(args.check).read_text().splitlines() if line.strip())
+    bad = [k for k, v in now.items() if before.get(k) != v]
+    for k, v in now.items():
+        print(f"{k} {v} {'OK' if k not in bad else 'DIFFERS (was ' + str(before.get(k)) + ')'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
