@@ -6,22 +6,20 @@ leaves by a policy's sort key until enough tokens are freed. Keys are prompts as
 edge comparison is a memcmp; only a mismatch asks numpy for the exact position.
 
 Nodes carry the owner segment of their tokens (``kind``, ``seg_id``), from the prompt layout given at
-insertion. With ``anchors=True`` every segment boundary becomes a node boundary (DART's anchors), so each
-node belongs to exactly one segment.
+insertion, by the rule of :mod:`prism.policies.anchors`. With ``anchors=True`` every segment boundary becomes
+a node boundary (DART's anchors), so each node belongs to exactly one segment.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import Counter
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 
 from prism.core import PRIV, TOKEN_BYTES, TOKEN_DTYPE
-
-Layout = Sequence[tuple[int, str, str]]  # (segment end offset, kind, segment id)
+from prism.policies.anchors import Layout, ResidentSegments, owner, pieces
 
 
 class Node:
@@ -73,7 +71,7 @@ class RadixCache:
         self.size = 0  # resident tokens
         self.evictable_size = 0  # resident tokens in unlocked nodes
         self._leaves: set[Node] = set()
-        self.resident: dict[str, int] = {}  # sys / reusable segment id -> resident nodes it owns
+        self.resident = ResidentSegments()  # sys / reusable segment id -> resident nodes it owns
 
     # ---------------------------------------------------------------- lookups
     def _lcp(self, a: bytes, b: bytes) -> int:
@@ -157,8 +155,8 @@ class RadixCache:
             first = key[pos:pos + pb]
             child = node.children.get(first)
             if child is None:
-                pieces = self._pieces(pos // TOKEN_BYTES, n // TOKEN_BYTES, layout)
-                node = self._new_branch(node, key, pos, pieces, now)
+                cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
+                node = self._new_branch(node, key, pos, cuts, now)
                 added = (n - pos) // TOKEN_BYTES
                 break
             ck = child.key
@@ -171,37 +169,6 @@ class RadixCache:
             node = child
         node.last_access = now
         return added, node
-
-    def _pieces(self, start: int, end: int, layout: Layout | None) -> list[tuple[int, str, str]]:
-        """(end, kind, segment) of the new nodes covering tokens [start, end): with anchors, one node per
-        segment, cut at every (page-aligned) segment boundary in between; else one node. Each node belongs to
-        the segment holding its last token.
-
-        Existing nodes need no such pass: a boundary inside one would mean two prompts that agree on the
-        token where a segment starts, and only that segment's prompts have its first token there (first
-        tokens are unique, see prism.core); text-tokenized traces are the exception, and keep the owner of
-        the prompt that inserted the node."""
-        if not layout:
-            return [(end, PRIV, "")]
-        out, last = [], start
-        i = owner = bisect.bisect_left(layout, (start + 1,))  # the first segment ending after start
-        if self.anchors:
-            page = self.page_size
-            for e, _, _ in layout[i:]:
-                cut = e - e % page  # page floors of the ends never decrease
-                if cut >= end:
-                    break
-                if cut > last:
-                    # _owner's rule walked forward (cuts only grow): the first segment ending at or after the cut
-                    while layout[owner][0] < cut:
-                        owner += 1
-                    out.append((cut, *layout[owner][1:]))
-                    last = cut
-        owner = min(owner, len(layout) - 1)  # past the prompt (generated tokens): the last segment
-        while owner < len(layout) - 1 and layout[owner][0] < end:
-            owner += 1
-        out.append((end, *layout[owner][1:]))
-        return out
 
     def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
                     now: float) -> Node:
@@ -217,8 +184,7 @@ class RadixCache:
                          kind, seg)
             self._next_id += 1
             node.children[key[start:start + pb]] = child
-            if kind != PRIV:
-                resident[seg] = resident.get(seg, 0) + 1
+            resident.add(kind, seg)
             node, start = child, end
         self._leaves.add(node)
         tokens = (start - pos) // TOKEN_BYTES
@@ -231,13 +197,12 @@ class RadixCache:
         cut = m * TOKEN_BYTES
         parent = child.parent
         depth = child.depth - child.length + m
-        kind, seg = _owner(layout, depth) if layout else (child.kind, child.seg_id)
+        kind, seg = owner(layout, depth) if layout else (child.kind, child.seg_id)
         upper = Node(child.id, parent, child.key[:cut], depth, child.last_access, kind, seg)
         # the upper part keeps the place (id) and is the newer object (serial); the lower part gets a new id
         upper.serial = child.id = self._next_id
         self._next_id += 1
-        if kind != PRIV:
-            self.resident[seg] = self.resident.get(seg, 0) + 1
+        self.resident.add(kind, seg)
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
         parent.children[child.key[:self._pb]] = upper
@@ -246,14 +211,6 @@ class RadixCache:
         child.parent = upper
         upper.children[child.key[:self._pb]] = child
         return upper
-
-    def _disown(self, node: Node) -> None:
-        if node.kind != PRIV:
-            c = self.resident[node.seg_id] - 1
-            if c:
-                self.resident[node.seg_id] = c
-            else:
-                del self.resident[node.seg_id]
 
     # ---------------------------------------------------------------- locks
     def lock(self, node: Node) -> None:
@@ -302,7 +259,7 @@ class RadixCache:
             parent = node.parent
             del parent.children[node.key[:pb]]
             leaves.discard(node)
-            self._disown(node)
+            self.resident.remove(node.kind, node.seg_id)
             freed += node.length
             bare = parent is not root and not parent.children  # the parent is a leaf now
             if bare:
@@ -357,15 +314,7 @@ class RadixCache:
         assert evictable == self.evictable_size, (evictable, self.evictable_size)
         assert leaves == self._leaves
         owners = Counter(n.seg_id for n in self.nodes() if n.kind != PRIV)
-        assert owners == self.resident, (owners, self.resident)
+        assert owners == dict(self.resident), (owners, self.resident)
         if self.capacity is not None:
             assert self.size <= self.capacity
 
-
-def _owner(layout: Layout, end: int) -> tuple[str, str]:
-    """Kind and id of the segment holding the token just before offset ``end`` (past the end: the last)."""
-    i = bisect.bisect_left(layout, (end,))
-    if i >= len(layout):
-        i = len(layout) - 1
-    _, kind, seg = layout[i]
-    return kind, seg

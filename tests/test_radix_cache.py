@@ -186,18 +186,50 @@ def test_walks_from_a_locked_node_equal_walks_from_the_root(requests, turns, pag
         fast.check()
 
 
+def brute_owner(ends, kinds, ids, offset):
+    """The segment holding token ``offset - 1``, by a linear scan (past the prompt: the last segment)."""
+    for e, k, s in zip(ends, kinds, ids):
+        if offset - 1 < e:
+            return k, s
+    return kinds[-1], ids[-1]
+
+
 @settings(max_examples=300, deadline=None)
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=8), page=st.sampled_from([1, 2, 4]),
        anchors=st.booleans(), data=st.data())
 def test_pieces_cut_at_page_floors_of_segment_ends_and_belong_to_the_owner(lengths, page, anchors, data):
     """A new branch's pieces: with anchors, one per page-floored segment end strictly inside (start, end), then
-    one to the end (generated tokens may run past the prompt); each owned as ``_owner`` says."""
-    from prism.sim.radix_cache import _owner
+    one to the end (generated tokens may run past the prompt); each owned by the segment holding its last
+    token, found by a linear scan over the segments."""
+    from prism.core import layout as make_layout
+    from prism.core import Segment
+    from prism.policies.anchors import owner, pieces
     ends = np.cumsum(lengths).tolist()
-    layout = [(e, "reuse" if i % 2 else "sys", f"s{i}") for i, e in enumerate(ends)]
+    kinds = ["sys"] + ["reuse"] * (len(lengths) - 2) + ["priv"] if len(lengths) > 1 else ["priv"]
+    ids = [f"s{i}" for i in range(len(lengths))]
+    layout = make_layout([Segment(k, s, np.zeros(n, dtype=np.int32)) for k, s, n in zip(kinds, ids, lengths)])
     start = data.draw(st.integers(0, ends[-1] - 1))
     end = data.draw(st.integers(start + 1, ends[-1] + 6))
-    pieces = RadixCache(None, page, anchors=anchors)._pieces(start, end, layout)
+    got = pieces(layout, start, end, page, anchors)
     inner = sorted({e - e % page for e in ends if start < e - e % page < end}) if anchors else []
-    assert [c for c, _, _ in pieces] == inner + [end]
-    assert [(k, s) for _, k, s in pieces] == [_owner(layout, c) for c, _, _ in pieces]
+    assert [c for c, _, _ in got] == inner + [end]
+    assert [(k, s) for _, k, s in got] == [brute_owner(ends, kinds, ids, c) for c, _, _ in got]
+    offset = data.draw(st.integers(1, ends[-1] + 6))
+    assert owner(layout, offset) == brute_owner(ends, kinds, ids, offset)
+
+
+def test_pieces_without_a_layout_are_one_private_node():
+    from prism.policies.anchors import pieces
+    assert pieces(None, 3, 10, 4, True) == [(10, "priv", "")]
+    assert pieces((), 0, 5, 1, False) == [(5, "priv", "")]
+
+
+def test_pieces_example():
+    """sys [0,5), reuse r [5,12), priv q [12,14), pages of 4: the page holding 4..7 ends in r, so the first
+    cut is at 4 (owned by sys, which holds token 3), then 12 (owned by r); 14 is not inside."""
+    from prism.policies.anchors import pieces
+    layout = ((5, "sys", "S"), (12, "reuse", "r"), (14, "priv", "q"))
+    assert pieces(layout, 0, 16, 4, True) == [(4, "sys", "S"), (12, "reuse", "r"), (16, "priv", "q")]
+    assert pieces(layout, 4, 13, 4, True) == [(12, "reuse", "r"), (13, "priv", "q")]
+    assert pieces(layout, 0, 16, 4, False) == [(16, "priv", "q")]
+    assert pieces(layout, 0, 8, 1, False) == [(8, "reuse", "r")]

@@ -1,0 +1,94 @@
+"""Which segment owns which tokens of a radix KV cache, and where DART's anchors cut new nodes.
+
+Both the simulator's radix cache and SGLang's tree (a ``RadixCache`` subclass in live mode) follow the one
+rule written here, so that a node covers the same tokens and belongs to the same segment in either engine.
+
+A prompt's *layout* is ``prism.core.layout(segments)``: ``(end offset, kind, segment id)`` per segment, in
+prompt order. The rule:
+
+* **owner**: a node belongs to the segment holding its *last* token, i.e. the first segment that ends at or
+  after the node's end offset. Tokens past the prompt (generated output, inserted at finish) belong to the
+  last segment, the private suffix (DESIGN §3).
+* **anchors**: DART needs each node to belong to one segment, so a new branch is cut at every segment end
+  inside it (DESIGN §3: anchors after the system prompt, after each reusable segment, after the private
+  suffix). A radix cache only holds whole pages, so a cut lands on the segment end floored to the page size;
+  a page that straddles a boundary goes with the segment that holds its last token. Without anchors (plain
+  LRU, like SGLang's) a new branch is one node.
+
+A split of an existing node (two prompts diverge inside it) gives the new upper node the owner of its own end
+by the same rule. Existing nodes need no anchor pass: a boundary inside one would mean two prompts that agree
+on the token where a segment starts, and only that segment's prompts have its first token there (first
+tokens are unique, see ``prism.core``); text-tokenized traces are the exception and keep the owner of the
+prompt that inserted the node.
+
+Cost: a binary search over the layout per node made (a prompt has a few segments), nothing per token.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Sequence
+
+from prism.core import PRIV
+
+Layout = Sequence[tuple[int, str, str]]  # (segment end offset, kind, segment id), in prompt order
+Piece = tuple[int, str, str]  # (end offset, kind, segment id) of one node
+
+
+def _holder(layout: Layout, offset: int, lo: int = 0) -> int:
+    """Index of the segment holding the token just before ``offset``: the first one ending at or after it, at
+    or after index ``lo`` (past the prompt: the last segment)."""
+    i = bisect_left(layout, (offset,), lo)
+    return i if i < len(layout) else len(layout) - 1
+
+
+def owner(layout: Layout, offset: int) -> tuple[str, str]:
+    """(kind, segment id) of the segment holding the token just before ``offset`` (past the end: the last)."""
+    _, kind, seg_id = layout[_holder(layout, offset)]
+    return kind, seg_id
+
+
+def pieces(layout: Layout | None, start: int, end: int, page_size: int, anchors: bool) -> list[Piece]:
+    """The new nodes covering tokens [start, end) of a prompt, as (end, kind, segment id) in order.
+
+    With ``anchors``: cut at every segment end floored to ``page_size`` that lies strictly inside
+    (start, end), then one last piece to ``end``. Without: one piece. Each piece is owned by the segment
+    holding its last token (:func:`owner`). Without a layout: one private piece.
+    """
+    if not layout:
+        return [(end, PRIV, "")]
+    out: list[Piece] = []
+    i = lo = bisect_left(layout, (start + 1,))  # the first segment ending after start
+    if anchors:
+        last = start
+        for e, _, _ in layout[i:]:
+            cut = e - e % page_size  # page floors of increasing ends never decrease
+            if cut >= end:
+                break
+            if cut > last:
+                lo = _holder(layout, cut, lo)  # owners of increasing cuts never move back
+                out.append((cut, *layout[lo][1:]))
+                last = cut
+    out.append((end, *layout[_holder(layout, end, lo)][1:]))
+    return out
+
+
+class ResidentSegments(dict):
+    """Segment id -> resident nodes it owns, over the ``sys`` and reusable segments (what DART ranks; private
+    nodes are not counted). A cache calls :meth:`add` for every node it makes and :meth:`remove` for every node
+    it drops; a segment with no resident node has no entry."""
+
+    def add(self, kind: str, seg_id: str) -> None:
+        if kind != PRIV:
+            self[seg_id] = self.get(seg_id, 0) + 1
+
+    def remove(self, kind: str, seg_id: str) -> None:
+        if kind != PRIV:
+            c = self[seg_id] - 1
+            if c:
+                self[seg_id] = c
+            else:
+                del self[seg_id]
+
+
+__all__ = ["Layout", "Piece", "owner", "pieces", "ResidentSegments"]
