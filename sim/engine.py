@@ -267,7 +267,7 @@ class Engine:
             seq.hit = seq.done = hit
             seq.node = node
             if not seq.lane:  # a front end may have set it already
-                seq.lane = "cold" if seq.id in plan.cold else "hot"
+                seq.lane = plan.lane(seq.id)
             self.counters["front_alignment_moves"] += seq.realigned  # admitted in a new segment order
             self.reserved += need
             self._take(seq, take)
@@ -284,8 +284,8 @@ class Engine:
                 break
         if admitted:  # admission follows the plan's order and stops at the first refusal
             self.waiting = list(plan.order[len(admitted):])
-            self.counters["admitted_hot_lane"] += sum(1 for s in admitted if s.lane == "hot")
-            self.counters["admitted_cold_lane"] += sum(1 for s in admitted if s.lane == "cold")
+            for seq in admitted:
+                self.counters[f"admitted_{seq.lane}_lane"] += 1
             self.scheduler.on_dispatch(admitted, ctx)
         else:
             self.waiting = list(plan.order)
