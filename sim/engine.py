@@ -19,31 +19,16 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 import simpy
 
 from prism.calibration.cost_model import CostModel
-from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
+from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.radix_cache import RadixCache
-
-
-@dataclass
-class EngineConfig:
-    """Engine limits, named after SGLang's server arguments."""
-
-    max_total_tokens: int | None = positive(
-        32768, "KV cache capacity in tokens (null: the profile's GPU memory after weights)")
-    page_size: int = positive(1, "tokens per KV page")
-    chunked_prefill_size: int = positive(8192, "new tokens per prefill iteration (chunked prefill budget)")
-    max_prefill_tokens: int = positive(16384, "new tokens a prefill batch may admit")
-    max_running_requests: int = positive(256, "requests decoding at once")
-    max_concurrency: int | None = positive(None, "client: requests in flight at once (null: unlimited)")
-    warmup_requests: int = nonneg(0, "requests excluded from the summary's statistics (at the start)")
 
 
 class Seq:
