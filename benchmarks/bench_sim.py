@@ -17,7 +17,7 @@ import os
 import time
 
 from prism.policies.registry import METHODS, resolve_method
-from prism.sim.engine import EngineConfig
+from prism.settings import RunSpec
 from prism.sim.run import simulate
 from prism.traces.spec import load_trace
 from prism.calibration.cost_model import load_profile
@@ -35,14 +35,15 @@ def main() -> None:
     trace.infinite_cache_hit_rate()  # a property of the trace, not of the simulation
     profile = load_profile()
     methods = [resolve_method(m, None, None) for m in args.methods.split(",")]
-    simulate(trace, "fcfs", "lru", EngineConfig(), profile)  # warm-up: first-use costs are no method's own
+    simulate(RunSpec.build(trace, "fcfs", "lru", profile=profile))  # warm-up: first-use costs are no method's own
     best = {label: float("inf") for label, _, _ in methods}
     hit = {}
     for _ in range(args.repeat):  # methods interleaved in each repeat, so that a slow spell hits all alike
         for label, sched, evict in methods:
+            spec = RunSpec.build(trace, sched, evict, profile=profile, label=label)
             gc.collect()  # the last run's tree (cyclic: parent links) is collected here, not in this run
             t0 = time.perf_counter()
-            res = simulate(trace, sched, evict, EngineConfig(), profile, label=label)
+            res = simulate(spec)
             best[label] = min(best[label], time.perf_counter() - t0)
             hit[label] = res.summary["hit_rate"]
     rows = [(label, best[label], len(trace) / best[label], hit[label]) for label, _, _ in methods]

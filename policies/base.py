@@ -95,13 +95,22 @@ class SchedContext:
     batch_hint: int = 0  # how many requests the engine can take this round (0: unknown)
 
 
+#: the lane of a request its plan does not label (requests.csv's ``lane``; the engine counts
+#: ``admitted_<lane>_lane``): "hot", the name QAS gives to everything outside its cold lane
+DEFAULT_LANE = "hot"
+
+
 @dataclass
 class Plan:
-    """A scheduler's answer: the waiting requests in admission order, and new reusable-segment orders."""
+    """A scheduler's answer: the waiting requests in admission order, new reusable-segment orders, and the
+    lane a request was ordered in where the scheduler has lanes (e.g. QAS's and k-LPM's FIFO "cold" picks)."""
 
     order: list[Any]
     align: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    cold: frozenset[int] = frozenset()  # ids in a cold (FIFO anti-starvation) lane, for counters
+    lanes: Mapping[int, str] = field(default_factory=dict)  # request id -> lane label; absent: DEFAULT_LANE
+
+    def lane(self, request_id: int) -> str:
+        return self.lanes.get(request_id, DEFAULT_LANE)
 
 
 class Scheduler:
@@ -148,4 +157,5 @@ class EvictionPolicy:
 
 
 __all__ = ["PrefixIndex", "ResidentIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan",
+           "DEFAULT_LANE",
            "Scheduler", "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]

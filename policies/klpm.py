@@ -46,7 +46,7 @@ class KLPM(Scheduler):
                 pick = by_hit[hi]
             taken.add(pick.id)
             order.append(pick)
-        return Plan(order, cold=frozenset(cold))
+        return Plan(order, lanes=dict.fromkeys(cold, "cold"))
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         self.admitted += len(admitted)

@@ -233,7 +233,8 @@ class QAS(Scheduler):
         self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += len(starts)
-        return Plan(order, _Alignment(rows_, rows, prio, cfg.f_front), frozenset(rows_.rid[rows[cold]].tolist()))
+        return Plan(order, _Alignment(rows_, rows, prio, cfg.f_front),
+                    lanes=dict.fromkeys(rows_.rid[rows[cold]].tolist(), "cold"))
 
     def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
         """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the

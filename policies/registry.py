@@ -3,12 +3,16 @@
 A *method* is a (scheduler, eviction) pair; ``--scheduler`` and ``--eviction`` combine them freely. Each
 policy with knobs has a config dataclass, filled from the YAML/``--set`` section of the same name
 (``lpm.fcfs_threshold``, ``qas.q_cold``, ...).
+
+The registry also says how a scheduler is *deployed* (:class:`Deployment`): inside the engine, ordering its
+waiting queue, or as an admission front end that orders each window of arrivals before an unmodified FCFS
+engine. An engine runs whatever :func:`make_policies` hands it and never asks which policy that is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from prism.config import build
 from prism.errors import UserError
@@ -24,11 +28,38 @@ from prism.policies.lpm import LPM, DFSWeight, LPMConfig
 from prism.policies.qas import QAS, QASConfig
 
 
+IN_ENGINE = "in_engine"
+FRONT_END = "front_end"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How a scheduler meets the engine: ``in_engine`` (it orders the engine's waiting queue at every
+    scheduling round), or ``front_end`` (it orders each window of ``window_s`` seconds of arrivals, which then
+    reach an unmodified engine whose own scheduler is :data:`FRONT_END_ENGINE_SCHEDULER`)."""
+
+    mode: str = IN_ENGINE
+    window_s: float = 0.0
+
+    @property
+    def front_end(self) -> bool:
+        return self.mode == FRONT_END
+
+
+#: what a stock server's scheduler is behind an admission front end: it serves requests in arrival order
+FRONT_END_ENGINE_SCHEDULER = "fcfs"
+
+
 @dataclass(frozen=True)
 class PolicyEntry:
     factory: Callable[..., Any]  # (config or None, hints, trace requests) -> policy
     config: type | None = None  # knob dataclass; its section name is the policy name
     section: str | None = None
+    deployment: Callable[[Any], Deployment] | None = None  # (config) -> deployment; None: in the engine
+
+
+def _qas_deployment(cfg: QASConfig) -> Deployment:
+    return Deployment(FRONT_END, cfg.window_s) if cfg.window_s > 0 else Deployment()
 
 
 SCHEDULERS: dict[str, PolicyEntry] = {
@@ -37,7 +68,7 @@ SCHEDULERS: dict[str, PolicyEntry] = {
     "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: DFSWeight(cfg), LPMConfig, "lpm"),
     "klpm": PolicyEntry(lambda cfg, hints, reqs: KLPM(cfg), KLPMConfig, "klpm"),
     "contextpilot": PolicyEntry(lambda cfg, hints, reqs: ContextPilot(cfg), ContextPilotConfig, "contextpilot"),
-    "qas": PolicyEntry(lambda cfg, hints, reqs: QAS(cfg), QASConfig, "qas"),
+    "qas": PolicyEntry(lambda cfg, hints, reqs: QAS(cfg), QASConfig, "qas", _qas_deployment),
 }
 
 EVICTIONS: dict[str, PolicyEntry] = {
@@ -85,23 +116,55 @@ def resolve_method(method: str | None, scheduler: str | None = None,
     return (preset if preset and not method else f"{s}+{e}"), s, e
 
 
-def _config(entry: PolicyEntry, knobs: dict[str, Any], where: str):
-    if entry.config is None:
-        return None
-    return build(entry.config, knobs.get(entry.section), f"{where}{entry.section}")
-
-
-def make_policies(scheduler: str, eviction: str, knobs: dict[str, Any] | None = None,
-                  where: str = "", requests: Sequence[Any] = ()) -> tuple[Scheduler, EvictionPolicy, DemandHints]:
-    """Build a scheduler and an eviction policy that share one :class:`DemandHints`.
-
-    ``requests`` (the trace) is only read by offline references such as ``belady``.
-    """
+def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | None = None,
+                   where: str = "") -> dict[str, Any]:
+    """The validated knob dataclass of each section the scheduler and the eviction policy read (a typo in a
+    knob fails here, before a long run); errors name ``where`` and the section."""
     knobs = knobs or {}
+    configs = {}
+    for entry in (SCHEDULERS[scheduler], EVICTIONS[eviction]):
+        if entry.config is not None and entry.section not in configs:
+            configs[entry.section] = build(entry.config, knobs.get(entry.section), f"{where}{entry.section}")
+    return configs
+
+
+def deployment_of(scheduler: str, configs: Mapping[str, Any]) -> Deployment:
+    """How ``scheduler``, with its validated knobs (from :func:`policy_configs`), is deployed."""
+    entry = SCHEDULERS[scheduler]
+    if entry.deployment is None:
+        return Deployment()
+    return entry.deployment(configs[entry.section])
+
+
+@dataclass
+class Policies:
+    """The policy objects of one run, sharing one :class:`DemandHints`."""
+
+    scheduler: Scheduler  # orders the engine's waiting queue
+    eviction: EvictionPolicy
+    hints: DemandHints
+    front_end: Scheduler | None = None  # orders each window of arrivals before the engine (front-end deployment)
+
+    def stats(self) -> dict[str, int]:
+        """The schedulers' own counters."""
+        return {**self.scheduler.stats(), **(self.front_end.stats() if self.front_end is not None else {})}
+
+
+def _policy(entry: PolicyEntry, configs: Mapping[str, Any], hints: DemandHints, requests: Sequence[Any]):
+    return entry.factory(configs[entry.section] if entry.config is not None else None, hints, requests)
+
+
+def make_policies(scheduler: str, eviction: str, configs: Mapping[str, Any], deployment: Deployment = Deployment(),
+                  requests: Sequence[Any] = ()) -> Policies:
+    """Fresh policy objects for one run, from validated knobs (:func:`policy_configs`), placed as
+    ``deployment`` says (:func:`deployment_of`). ``requests`` (the trace) is only read by offline references
+    such as ``belady``."""
     hints = DemandHints()
-    s_entry, e_entry = SCHEDULERS[scheduler], EVICTIONS[eviction]
-    sched = s_entry.factory(_config(s_entry, knobs, where), hints, requests)
-    evict = e_entry.factory(_config(e_entry, knobs, where), hints, requests)
+    sched = _policy(SCHEDULERS[scheduler], configs, hints, requests)
+    evict = _policy(EVICTIONS[eviction], configs, hints, requests)
     if evict.hints is not hints:
         evict.hints = hints
-    return sched, evict, hints
+    if deployment.front_end:
+        return Policies(_policy(SCHEDULERS[FRONT_END_ENGINE_SCHEDULER], configs, hints, requests), evict, hints,
+                        front_end=sched)
+    return Policies(sched, evict, hints)

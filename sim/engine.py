@@ -19,31 +19,16 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
 
 import simpy
 
 from prism.calibration.cost_model import CostModel
-from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
+from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.radix_cache import RadixCache
-
-
-@dataclass
-class EngineConfig:
-    """Engine limits, named after SGLang's server arguments."""
-
-    max_total_tokens: int | None = positive(
-        32768, "KV cache capacity in tokens (null: the profile's GPU memory after weights)")
-    page_size: int = positive(1, "tokens per KV page")
-    chunked_prefill_size: int = positive(8192, "new tokens per prefill iteration (chunked prefill budget)")
-    max_prefill_tokens: int = positive(16384, "new tokens a prefill batch may admit")
-    max_running_requests: int = positive(256, "requests decoding at once")
-    max_concurrency: int | None = positive(None, "client: requests in flight at once (null: unlimited)")
-    warmup_requests: int = nonneg(0, "requests excluded from the summary's statistics (at the start)")
 
 
 class Seq:
@@ -267,7 +252,7 @@ class Engine:
             seq.hit = seq.done = hit
             seq.node = node
             if not seq.lane:  # a front end may have set it already
-                seq.lane = "cold" if seq.id in plan.cold else "hot"
+                seq.lane = plan.lane(seq.id)
             self.counters["front_alignment_moves"] += seq.realigned  # admitted in a new segment order
             self.reserved += need
             self._take(seq, take)
@@ -284,8 +269,8 @@ class Engine:
                 break
         if admitted:  # admission follows the plan's order and stops at the first refusal
             self.waiting = list(plan.order[len(admitted):])
-            self.counters["admitted_hot_lane"] += sum(1 for s in admitted if s.lane == "hot")
-            self.counters["admitted_cold_lane"] += sum(1 for s in admitted if s.lane == "cold")
+            for seq in admitted:
+                self.counters[f"admitted_{seq.lane}_lane"] += 1
             self.scheduler.on_dispatch(admitted, ctx)
         else:
             self.waiting = list(plan.order)

@@ -54,7 +54,7 @@ class FrontEnd:
         plan = self.scheduler.plan(batch, ctx)
         for seq in plan.order:
             seq.realign(plan.align.get(seq.id))
-            seq.lane = "cold" if seq.id in plan.cold else "hot"
+            seq.lane = plan.lane(seq.id)
             eng.submit(seq)
         self.scheduler.on_dispatch(plan.order, ctx)
         self.counters["frontend_windows"] += 1

@@ -1,9 +1,10 @@
-"""Run one simulation: a trace, a method, an engine configuration and a calibrated profile."""
+"""Run one simulation of a :class:`~prism.settings.RunSpec`: a trace, a method, an engine configuration and a
+calibrated profile."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -13,16 +14,15 @@ from tqdm import tqdm
 from prism.calibration.cost_model import Profile
 from prism.core import Request
 from prism.errors import UserError
+from prism.metrics import RequestRecord, run_summary
 from prism.policies.registry import make_policies
+from prism.settings import EngineConfig, RunSpec
 from prism.traces.stats import infinite_cache_hit_rate
 from prism.traces.trace import Trace
 
-from prism.policies.fcfs import FCFS
-from prism.policies.qas import QAS
 from prism.sim.client import Client
-from prism.sim.engine import Engine, EngineConfig, Seq
+from prism.sim.engine import Engine, Seq
 from prism.sim.frontend import FrontEnd
-from prism.sim.metrics import RequestRecord, summarize
 
 
 @dataclass
@@ -48,11 +48,9 @@ def _record(seq: Seq) -> RequestRecord:
                          seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned)
 
 
-def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, profile: Profile,
-             knobs: dict[str, Any] | None = None, label: str | None = None, progress: bool = False,
-             qps: float | None = None, on_record: Callable[[RequestRecord], None] | None = None,
+def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[RequestRecord], None] | None = None,
              served_reference: bool = False) -> SimResult:
-    """Replay ``trace`` through one simulated engine; deterministic for a given input.
+    """Replay ``spec.trace`` through one simulated engine; deterministic for a given spec.
 
     ``on_record`` sees each request's record as it finishes (to write results as they come).
     ``served_reference`` adds ``served_infinite_cache_hit_rate``: the hit rate an unbounded cache would reach
@@ -60,17 +58,15 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
     eviction policy under this run's schedule. The trace-order figure (``infinite_cache_hit_rate``) is not
     that ceiling for a scheduler that reorders segments."""
     wall0 = time.perf_counter()
-    capacity = kv_capacity(engine, profile, trace)
-    sched, evict, hints = make_policies(scheduler, eviction, knobs, requests=trace.requests)
-    front_sched = None
-    if isinstance(sched, QAS) and sched.config.window_s > 0:  # QAS before an unmodified FCFS engine
-        front_sched, sched = sched, FCFS()
+    trace = spec.trace
+    capacity = kv_capacity(spec.engine, spec.profile, trace)
+    policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
+                             requests=trace.requests)
     env = simpy.Environment()
     records: list[RequestRecord] = []
     done = env.event()
     total = len(trace.requests)
-    bar = tqdm(total=total, disable=not progress, unit="req", desc=label or f"{scheduler}+{eviction}",
-               mininterval=0.25, leave=False)
+    bar = tqdm(total=total, disable=not progress, unit="req", desc=spec.label, mininterval=0.25, leave=False)
 
     served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
 
@@ -85,34 +81,18 @@ def simulate(trace: Trace, scheduler: str, eviction: str, engine: EngineConfig, 
         if len(records) == total:
             done.succeed()
 
-    eng = Engine(env, engine, profile.cost, sched, evict, capacity, hints, on_finish)
-    front = FrontEnd(env, eng, front_sched, front_sched.config.window_s) if front_sched else None
-    client = Client(env, front or eng, trace.requests, engine.max_concurrency)
+    eng = Engine(env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
+                 policies.hints, on_finish)
+    front = (FrontEnd(env, eng, policies.front_end, spec.deployment.window_s)
+             if policies.front_end is not None else None)
+    client = Client(env, front or eng, trace.requests, spec.engine.max_concurrency)
     env.run(until=done)
     bar.close()
 
-    counters = dict(sorted({**eng.counters, **sched.stats(),
-                            **(front_sched.stats() if front else {}), **(front.counters if front else {})}.items()))
-    if qps is None:
-        qps = trace.spec.get("qps")
-    if qps is None:  # a replayed trace at its own timestamps: report its measured rate
-        arr = [r.arrival for r in trace.requests]
-        qps = round((len(arr) - 1) / (arr[-1] - arr[0]), 6) if len(arr) > 1 and arr[-1] > arr[0] else 0.0
-    summary = {
-        "method": label or f"{scheduler}+{eviction}",
-        "scheduler": scheduler,
-        "eviction": eviction,
-        "qps": qps,
-        "seed": trace.spec.get("seed"),
-        "trace_kind": trace.kind,
-        **summarize(records, engine.warmup_requests),
-        "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
-        **({"served_infinite_cache_hit_rate": infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))}
-           if served_reference else {}),
-        "kv_capacity_tokens": capacity,
-        "profile": profile.name,
-        "engine": asdict(engine),
-        "counters": counters,
-        "wall_s": time.perf_counter() - wall0,
-    }
-    return SimResult(records, summary, counters)
+    counters = {**eng.counters, **policies.stats(), **(front.counters if front else {})}
+    summary = run_summary(
+        spec, records, engine_kind="sim", kv_capacity_tokens=capacity, counters=counters,
+        served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
+                                        if served_reference else None),
+        wall_s=time.perf_counter() - wall0)
+    return SimResult(records, summary, summary["counters"])

@@ -14,16 +14,17 @@ import hashlib
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
 from scipy import stats as sps
 
-from prism.sim.metrics import write_json, write_requests_csv
+from prism.metrics import write_json, write_requests_csv
+from prism.settings import settings_from
+
 from prism.sim.run import simulate
-from prism.sim.settings import settings_from
 
 ROW_FIELDS = ["method", "scheduler", "eviction", "qps", "seed", "num_requests", "ttft_mean_s", "ttft_p50_s",
               "ttft_p90_s", "ttft_p95_s", "ttft_p99_s", "w_admit_p50_s", "w_admit_p99_s", "hit_rate",
@@ -73,18 +74,13 @@ def run_task(task: RunTask) -> dict[str, Any]:
         old = json.loads(done.read_text())
         if old.get("sweep_digest") == task.digest():
             return old
-    settings = settings_from(task.config, "sweep")
-    profile = settings.load_profile()
-    trace = settings.load_trace(task.trace)
-    res = simulate(trace, settings.scheduler, settings.eviction, settings.engine, profile, settings.knobs,
-                   label=task.method, qps=task.qps, served_reference=True)
+    spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
+    res = simulate(spec, served_reference=True)
     summary = res.summary
-    summary["seed"] = task.seed
     if task.belady:
-        ref = simulate(trace, settings.scheduler, "belady", settings.engine, profile, settings.knobs, qps=task.qps)
+        ref = simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady"))
         summary["belady_hit_rate"] = ref.summary["hit_rate"]
     summary["sweep_digest"] = task.digest()
-    summary["trace"] = task.trace
     folder.mkdir(parents=True, exist_ok=True)
     write_requests_csv(res.records, folder / "requests.csv")
     write_json(summary, done)

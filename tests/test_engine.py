@@ -9,8 +9,8 @@ import pytest
 from conftest import PRIV, REUSE, SYS, make_trace
 from prism.calibration.cost_model import CostModel, Profile, load_profile
 from prism.sim import engine as engine_mod
-from prism.sim.engine import EngineConfig
-from prism.sim.metrics import write_requests_csv
+from prism.metrics import write_requests_csv
+from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
 from prism.traces.zipf import ZipfHotspotSpec, generate
 
@@ -57,7 +57,7 @@ def audited(monkeypatch):
 @pytest.mark.parametrize("sched,evict", METHODS)
 def test_every_request_completes_once_and_ttft_decomposes(trace, profile, audited, sched, evict):
     cfg = EngineConfig(max_total_tokens=6000, chunked_prefill_size=1024, max_running_requests=16)
-    res = simulate(trace, sched, evict, cfg, profile)
+    res = simulate(RunSpec.build(trace, sched, evict, engine=cfg, profile=profile))
     ids = [r.id for r in res.records]
     assert sorted(ids) == [r.id for r in trace.requests]  # each exactly once
     assert audited["checks"] > len(trace)
@@ -75,7 +75,7 @@ def test_every_request_completes_once_and_ttft_decomposes(trace, profile, audite
 
 def test_concurrency_limit_and_chunking(trace, profile, audited):
     cfg = EngineConfig(max_total_tokens=20000, chunked_prefill_size=256, max_concurrency=4)
-    res = simulate(trace.head(60), "fcfs", "lru", cfg, profile)
+    res = simulate(RunSpec.build(trace.head(60), "fcfs", "lru", engine=cfg, profile=profile))
     events = sorted([(r.sent, 1) for r in res.records] + [(r.finish, -1) for r in res.records],
                     key=lambda e: (e[0], e[1]))
     level = peak = 0
@@ -92,7 +92,7 @@ def test_same_seed_same_bytes(tmp_path, profile):
     outs = []
     for i in range(2):
         tr = generate(ZipfHotspotSpec(num_requests=200, qps=50.0, seed=7))
-        res = simulate(tr, "lpm", "lru", EngineConfig(max_total_tokens=8000), profile)
+        res = simulate(RunSpec.build(tr, "lpm", "lru", engine=EngineConfig(max_total_tokens=8000), profile=profile))
         d = tmp_path / str(i)
         d.mkdir()
         write_requests_csv(res.records, d / "requests.csv")
@@ -111,7 +111,7 @@ def test_two_requests_exact_timestamps():
         (0.0, [(SYS, "s", 4), (REUSE, "r1", 8), (PRIV, "a", 4)], 3),
         (1.0, [(SYS, "s", 4), (REUSE, "r1", 8), (PRIV, "b", 4)], 2),
     ])
-    res = simulate(tr, "fcfs", "lru", EngineConfig(max_total_tokens=1000), profile)
+    res = simulate(RunSpec.build(tr, "fcfs", "lru", engine=EngineConfig(max_total_tokens=1000), profile=profile))
     a, b = sorted(res.records, key=lambda r: r.id)
     # A: 16 new tokens, none cached: 0.1 + 0.01*16 + 0.001*16*(0 + 8) = 0.388
     assert a.prefill_start == 0.0 and a.hit_tokens == 0
@@ -136,7 +136,7 @@ def test_fully_cached_prompt_still_computes_one_token():
         (0.0, [(SYS, "s", 8), (PRIV, "same", 8)], 1),
         (5.0, [(SYS, "s", 8), (PRIV, "same", 8)], 1),
     ])
-    res = simulate(tr, "fcfs", "lru", EngineConfig(max_total_tokens=100), base)
+    res = simulate(RunSpec.build(tr, "fcfs", "lru", engine=EngineConfig(max_total_tokens=100), profile=base))
     assert [r.hit_tokens for r in sorted(res.records, key=lambda r: r.id)] == [0, 15]
 
 
@@ -149,8 +149,8 @@ def test_lpm_prefers_cached_prefix():
         (0.002, [(SYS, "s", 64), (REUSE, "hot", 256), (PRIV, "c", 8)], 1),
     ])
     cfg = EngineConfig(max_total_tokens=10_000, max_running_requests=1)
-    lpm = {r.id: r for r in simulate(tr, "lpm", "lru", cfg, base).records}
-    fcfs = {r.id: r for r in simulate(tr, "fcfs", "lru", cfg, base).records}
+    lpm = {r.id: r for r in simulate(RunSpec.build(tr, "lpm", "lru", engine=cfg, profile=base)).records}
+    fcfs = {r.id: r for r in simulate(RunSpec.build(tr, "fcfs", "lru", engine=cfg, profile=base)).records}
     assert lpm[2].prefill_start < lpm[1].prefill_start
     assert fcfs[1].prefill_start < fcfs[2].prefill_start
     assert lpm[2].hit_tokens == 320
@@ -163,8 +163,9 @@ def test_served_infinite_cache_is_a_ceiling(trace, profile, sched, evict):
     unbounded cache's total does not depend on the order the same prompts come in); schedulers that move
     segments (ContextPilot, QAS) create sharing the trace order does not have."""
     for capacity in (None, 10**9):
-        s = simulate(trace, sched, evict, EngineConfig(max_total_tokens=capacity or 32768), profile,
-                     served_reference=True).summary
+        spec = RunSpec.build(trace, sched, evict, engine=EngineConfig(max_total_tokens=capacity or 32768),
+                             profile=profile)
+        s = simulate(spec, served_reference=True).summary
         assert s["hit_rate"] <= s["served_infinite_cache_hit_rate"] + 1e-12
         if sched in ("lpm", "klpm"):
             assert s["served_infinite_cache_hit_rate"] == pytest.approx(s["infinite_cache_hit_rate"], abs=1e-12)

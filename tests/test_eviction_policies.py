@@ -11,7 +11,7 @@ from prism.calibration.cost_model import load_profile
 from prism.policies.base import DemandHints
 from prism.policies.dart import DART, DARTConfig
 from prism.policies.eviction import LRU
-from prism.sim.engine import EngineConfig
+from prism.settings import EngineConfig, RunSpec
 from prism.sim.radix_cache import RadixCache
 from prism.sim.run import simulate
 
@@ -109,7 +109,7 @@ def test_belady_is_a_ceiling_for_online_policies(reqs, slots):
     need = max(r.prompt_len for r in trace.requests)
     if need > slots * seg:
         return
-    rates = {e: simulate(trace, "fcfs", e, cfg, profile).summary["hit_rate"]
+    rates = {e: simulate(RunSpec.build(trace, "fcfs", e, engine=cfg, profile=profile)).summary["hit_rate"]
              for e in ("belady", "lru", "lfu", "lru_active", "dart")}
     for e, r in rates.items():
         assert rates["belady"] >= r - 1e-12, rates

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prism.calibration.cost_model import load_profile
-from prism.sim.engine import EngineConfig
+from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
 from prism.traces.zipf import ZipfHotspotSpec, generate
 
@@ -15,8 +15,9 @@ def runs():
     trace = generate(ZipfHotspotSpec(num_requests=400, qps=20.0, seed=9))
     profile = load_profile()
     cfg = EngineConfig()
-    front = simulate(trace, "qas", "dart", cfg, profile, {"qas": {"window_s": 0.05}})
-    fcfs = simulate(trace, "fcfs", "dart", cfg, profile)
+    front = simulate(RunSpec.build(trace, "qas", "dart", engine=cfg, profile=profile,
+                                   knobs={"qas": {"window_s": 0.05}}))
+    fcfs = simulate(RunSpec.build(trace, "fcfs", "dart", engine=cfg, profile=profile))
     return trace, front, fcfs
 
 

@@ -71,7 +71,7 @@ def test_worked_example_counters_priorities_buckets_lanes():
     assert buckets[(5,)] == pytest.approx(300001.75)
     # cold lane: the two oldest; hot lane: bucket (F) first, then (B) without the cold ones
     assert [r.id for r in plan.order] == [1, 2, 5, 3, 4]
-    assert plan.cold == {1, 2}
+    assert plan.lanes == {1: "cold", 2: "cold"}
 
 
 def test_worked_example_next_batch_and_publication():
@@ -125,7 +125,7 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
         plan = qas.plan(waiting, ctx)
         order, aligned, cold = ref.plan(waiting, hints.active, hint)
         assert [r.id for r in plan.order] == [r.id for r in order]
-        assert plan.cold == cold
+        assert plan.lanes == dict.fromkeys(cold, "cold")
         for r in waiting:
             assert (plan.align.get(r.id) or tuple(s.id for s in r.segments if s.kind == REUSE)) == aligned[r.id]
             assert Counter(aligned[r.id]) == Counter(s.id for s in r.segments if s.kind == REUSE)

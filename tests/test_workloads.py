@@ -12,7 +12,7 @@ from prism.calibration.cost_model import load_profile
 from prism.cli.trace import main as trace_main
 from prism.core import PRIV, REUSE, SYS
 from prism.policies.registry import METHODS, resolve_method
-from prism.sim.engine import EngineConfig
+from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
 from prism.traces.arrivals import ArrivalSpec, arrival_times, load_azure_timestamps
 from prism.traces.mooncake import MooncakeSpec, block_hit_rate, read_records
@@ -165,7 +165,7 @@ def test_every_method_runs_every_kind(kind):
     engine = EngineConfig(max_total_tokens=None)
     for method in METHODS:
         _, s, e = resolve_method(method, None, None)
-        res = simulate(trace, s, e, engine, profile, label=method)
+        res = simulate(RunSpec.build(trace, s, e, engine=engine, profile=profile, label=method))
         assert len(res.records) == len(trace)
         assert 0.0 <= res.summary["hit_rate"] <= 1.0
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from prism.cli.common import entry_point, table
-from prism.policies.registry import EVICTIONS, METHODS, SCHEDULERS
-from prism.sim.metrics import RecordStream, write_json, write_requests_csv
+from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.metrics import RecordStream, write_json, write_requests_csv
 from prism.sim.run import simulate
-from prism.sim.settings import merge_flags, read_config, settings_from
 
 EPILOG = """\
 examples:
@@ -25,27 +23,10 @@ max_total_tokens=32768 KV tokens, so that eviction matters on the default trace.
 """
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
-                                                      "zipf, multihop, agent, mooncake")
-    p.add_argument("--config", help="YAML file with simulation settings")
-    p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
-    p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
-    p.add_argument("--profile", help="GPU:MODEL (default a800-80g:qwen3-4b-instruct-2507) or a profile YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. engine.max_total_tokens=65536, lpm.fcfs_threshold=64, "
-                        "trace.num_requests=200 (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    add_common(p)
-    p.add_argument("--method", help=f"method preset: {', '.join(METHODS)} (default sglang)")
-    p.add_argument("--qps", type=float, help="arrival rate (overrides the trace's; rescales a JSONL trace)")
-    p.add_argument("--seed", type=int, help="trace seed (overrides the spec's)")
-    p.add_argument("--out", help="output folder (default runs/<trace>/<method>-qps<QPS>-seed<SEED>)")
+    add_run_flags(p)
     return p
 
 
@@ -67,26 +48,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return sweep_main(args_list[1:])
     args = parser().parse_args(args_list)
-    data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,
-                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed)
-    settings = settings_from(data, args.config or "settings")
-    profile = settings.load_profile()
-    trace = settings.load_trace(args.trace)
-    qps = settings.qps(trace)
-    seed = trace.spec.get("seed")
-    out = Path(args.out) if args.out else (
-        Path("runs") / Path(args.trace).stem / f"{settings.label}-qps{'trace' if qps is None else f'{qps:g}'}"
-                                               f"-seed{seed}")
+    spec = spec_from_args(args)
+    out = out_dir(args, spec)
     out.mkdir(parents=True, exist_ok=True)
     stream = RecordStream(out / "requests.csv")  # an interrupted run keeps the requests it finished
     try:
-        result = simulate(trace, settings.scheduler, settings.eviction, settings.engine, profile, settings.knobs,
-                          label=settings.label, progress=not args.no_progress and sys.stderr.isatty(), qps=qps,
-                          on_record=stream, served_reference=True)
+        result = simulate(spec, progress=not args.no_progress and sys.stderr.isatty(), on_record=stream,
+                          served_reference=True)
     finally:
         stream.close()
     s = result.summary
-    s["trace"] = args.trace
     write_requests_csv(result.records, out / "requests.csv")
     write_json(s, out / "summary.json")
     print(table(_summary_rows(s), SUMMARY_HEADER))

@@ -12,7 +12,7 @@ from prism.cli.common import table
 from prism.errors import UserError
 from prism.policies.registry import METHODS
 from prism.sim.plots import plot_sweep
-from prism.sim.settings import merge_flags, read_config, settings_from
+from prism.settings import merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import is_materialized, resolve, spec_seed
 

@@ -20,8 +20,8 @@ import numpy as np
 from prism.cli.common import entry_point, table
 from prism.cli.sweep import _floats
 from prism.models_queueing.model import EngineQueue, wave_size
-from prism.sim.metrics import write_json
-from prism.sim.settings import merge_flags, read_config, settings_from
+from prism.metrics import write_json
+from prism.settings import RunSpec, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 
 THRESHOLD = 0.20
@@ -49,12 +49,11 @@ def _rel(model: float, sim: float) -> float:
     return abs(model - sim) / max(abs(sim), 1e-12)
 
 
-def compare(summaries: list[dict], settings, trace) -> list[dict]:
+def compare(summaries: list[dict], spec: RunSpec) -> list[dict]:
     """One row per QPS: the model's predictions from the run's hit rate, and the simulation's figures."""
-    profile = settings.load_profile()
+    profile, trace, eng = spec.profile, spec.trace, spec.engine
     lengths = np.array([r.prompt_len for r in trace.requests])
     out_len = float(np.mean([r.output_len for r in trace.requests]))
-    eng = settings.engine
     cap = eng.max_total_tokens if eng.max_total_tokens is not None else profile.kv_capacity_tokens
     m = wave_size(eng.max_running_requests, cap, float(lengths.mean()), out_len)
     rows = []
@@ -112,14 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     qps = _floats(args.qps, "qps")
     base = merge_flags(read_config(args.config), args.overrides, profile=args.profile)
     where = args.config or "settings"
-    settings = settings_from(task_config(base, args.method, qps[0], 0), where)
-    trace = settings.load_trace(args.trace)
-    seed = int(trace.spec.get("seed") or 0)
+    spec = settings_from(task_config(base, args.method, qps[0], 0), where).resolve(args.trace)
+    seed = int(spec.seed or 0)
     out = Path(args.out) if args.out else Path("runs") / f"theory-{Path(args.trace).stem}-{args.method}"
     sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers)
     sweep.run()
     summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]
-    rows = compare(summaries, settings, trace)
+    rows = compare(summaries, spec)
     write_json(rows, out / "theory.json")
     with (out / "theory.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -1,14 +1,21 @@
-"""Per-request records and the run summary (TTFT percentiles, hit rate, throughput)."""
+"""Per-request records, the run summary (TTFT percentiles, hit rate, throughput) and their files.
+
+Engine-agnostic: the simulator and a live server record the same :class:`RequestRecord` per request and
+build ``summary.json`` with the same :func:`run_summary`, so their ``requests.csv`` and ``summary.json`` compare
+column for column and key for key.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from prism.settings import RunSpec
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,33 @@ def summarize(records: Sequence[RequestRecord], warmup: int = 0) -> dict[str, An
         "hit_tokens": hit,
         "throughput_rps": len(ordered) / span if span > 0 else 0.0,
         "makespan_s": span,
+    }
+
+
+def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind: str, kv_capacity_tokens: int,
+                counters: Mapping[str, int], wall_s: float,
+                served_infinite_cache_hit_rate: float | None = None) -> dict[str, Any]:
+    """``summary.json`` of a run: the run description, :func:`summarize` over ``records`` and what the engine
+    reports (its KV capacity, its counters and the policies' own, the wall time). ``engine_kind`` says which
+    engine served the run ("sim": the simulator)."""
+    return {
+        "method": spec.label,
+        "scheduler": spec.scheduler,
+        "eviction": spec.eviction,
+        "qps": spec.qps,
+        "seed": spec.seed,
+        "trace": spec.trace_source,
+        "trace_kind": spec.trace.kind,
+        **summarize(records, spec.engine.warmup_requests),
+        "infinite_cache_hit_rate": spec.trace.infinite_cache_hit_rate(),
+        **({"served_infinite_cache_hit_rate": served_infinite_cache_hit_rate}
+           if served_infinite_cache_hit_rate is not None else {}),
+        "kv_capacity_tokens": kv_capacity_tokens,
+        "profile": spec.profile.name,
+        "engine_kind": engine_kind,
+        "engine": asdict(spec.engine),
+        "counters": dict(sorted(counters.items())),
+        "wall_s": wall_s,
     }
 
 

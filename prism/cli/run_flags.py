@@ -1,0 +1,50 @@
+"""The flags that describe one run, shared by every command that serves a trace under a method (``prism-sim``,
+and a live replay alike): ``--trace``, ``--config``, ``--method``, ``--scheduler``, ``--eviction``,
+``--profile``, ``--set``, ``--qps``, ``--seed``, ``--out``, ``--no-progress``.
+
+    p = argparse.ArgumentParser(...)
+    add_run_flags(p)
+    args = p.parse_args(argv)
+    spec = spec_from_args(args)          # a RunSpec; bad input raises UserError (one line, exit 2)
+    out = out_dir(args, spec)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prism.policies.registry import EVICTIONS, METHODS, SCHEDULERS
+from prism.settings import RunSpec, merge_flags, read_config, settings_from
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
+                                                      "zipf, multihop, agent, mooncake")
+    p.add_argument("--config", help="YAML file with run settings")
+    p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
+    p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
+    p.add_argument("--profile", help="GPU:MODEL (default a800-80g:qwen3-4b-instruct-2507) or a profile YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. engine.max_total_tokens=65536, lpm.fcfs_threshold=64, "
+                        "trace.num_requests=200 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--method", help=f"method preset: {', '.join(METHODS)} (default sglang)")
+    p.add_argument("--qps", type=float, help="arrival rate (overrides the trace's; rescales a JSONL trace)")
+    p.add_argument("--seed", type=int, help="trace seed (overrides the spec's)")
+    p.add_argument("--out", help="output folder (default runs/<trace>/<method>-qps<QPS>-seed<SEED>)")
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    """The run the flags describe: --config, then --set, then the other flags."""
+    data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,
+                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed)
+    return settings_from(data, args.config or "settings").resolve(args.trace)
+
+
+def out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
+    """--out, else runs/<trace>/<method>-qps<QPS>-seed<SEED> (qpstrace: the trace's own timestamps)."""
+    if args.out:
+        return Path(args.out)
+    qps = "trace" if spec.qps_measured else f"{spec.qps:g}"
+    return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}"

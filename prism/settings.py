@@ -1,0 +1,159 @@
+"""Settings of a run, from a YAML file, ``--set`` overrides and flags, validated at load, and the one run
+description (:class:`RunSpec`) that every engine runs from: the simulator (``prism-sim``) and a live SGLang
+server alike, which is why this module imports neither.
+
+The YAML mapping has these sections (all optional)::
+
+    method: sglang            # a preset, or give scheduler / eviction
+    scheduler: lpm
+    eviction: lru
+    profile: a800-80g:qwen3-4b-instruct-2507   # GPU:MODEL, or a profile YAML
+    engine: {max_total_tokens: 32768, chunked_prefill_size: 8192, ...}
+    trace: {qps: 60, num_requests: 2048, seed: 0, ...}   # overrides of the trace spec
+    lpm: {fcfs_threshold: 128}                            # one section per policy with knobs
+
+From flags to a run::
+
+    data = merge_flags(read_config(path), overrides, method=..., qps=..., ...)
+    settings = settings_from(data, where)        # validated; no trace loaded (cheap: check before a sweep)
+    spec = settings.resolve(trace_source)        # profile and trace loaded, rate and seed settled: a RunSpec
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
+from prism.config import apply_overrides, build, load_yaml, nonneg, positive
+from prism.errors import UserError
+from prism.policies.registry import Deployment, deployment_of, knob_sections, policy_configs, resolve_method
+from prism.traces.spec import load_trace
+from prism.traces.trace import Trace
+
+
+@dataclass
+class EngineConfig:
+    """Engine limits, named after SGLang's server arguments."""
+
+    max_total_tokens: int | None = positive(
+        32768, "KV cache capacity in tokens (null: the profile's GPU memory after weights)")
+    page_size: int = positive(1, "tokens per KV page")
+    chunked_prefill_size: int = positive(8192, "new tokens per prefill iteration (chunked prefill budget)")
+    max_prefill_tokens: int = positive(16384, "new tokens a prefill batch may admit")
+    max_running_requests: int = positive(256, "requests decoding at once")
+    max_concurrency: int | None = positive(None, "client: requests in flight at once (null: unlimited)")
+    warmup_requests: int = nonneg(0, "requests excluded from the summary's statistics (at the start)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run is: what to serve (the trace, at what rate), how (the method's policies, their
+    knobs and deployment) and on what (the engine limits and the calibrated profile). Built once, by
+    :meth:`Settings.resolve` from a configuration or by :meth:`RunSpec.build` in code; engines only read it."""
+
+    label: str  # the method's name in results (a preset's name, or SCHEDULER+EVICTION)
+    scheduler: str
+    eviction: str
+    policy_configs: Mapping[str, Any]  # section -> validated knob dataclass of the chosen policies
+    deployment: Deployment
+    engine: EngineConfig
+    profile: Profile
+    trace: Trace
+    trace_source: str  # the trace as named on the command line ("" for a trace made in code)
+    qps: float  # the offered rate; a trace replayed at its own timestamps: their measured rate
+    qps_measured: bool  # True: ``qps`` was measured on the trace's timestamps, nobody asked for it
+    seed: int | None  # the trace's seed
+
+    @classmethod
+    def build(cls, trace: Trace, scheduler: str, eviction: str, *, engine: EngineConfig | None = None,
+              profile: Profile | str = DEFAULT_PROFILE, knobs: Mapping[str, Any] | None = None,
+              label: str | None = None, qps: float | None = None, trace_source: str = "",
+              where: str = "") -> "RunSpec":
+        """A run of an already loaded ``trace``; ``knobs`` are raw sections (``{"qas": {"window_s": 0.05}}``),
+        validated here. ``qps`` (default: the trace spec's, else measured) is only reported, the arrivals
+        are the trace's."""
+        return _run_spec(label or f"{scheduler}+{eviction}", scheduler, eviction,
+                         policy_configs(scheduler, eviction, knobs, where),
+                         engine if engine is not None else EngineConfig(),
+                         profile if isinstance(profile, Profile) else load_profile(profile), trace, trace_source, qps)
+
+
+def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, Any], engine: EngineConfig,
+              profile: Profile, trace: Trace, trace_source: str, qps: float | None) -> RunSpec:
+    """The one place a run's deployment, rate and seed are settled."""
+    offered = qps if qps is not None else trace.spec.get("qps")
+    return RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
+                   trace_source, offered if offered is not None else measured_qps(trace), offered is None,
+                   trace.spec.get("seed"))
+
+
+def measured_qps(trace: Trace) -> float:
+    """The mean arrival rate of a trace's timestamps (0 for fewer than two distinct arrivals)."""
+    arr = [r.arrival for r in trace.requests]
+    return round((len(arr) - 1) / (arr[-1] - arr[0]), 6) if len(arr) > 1 and arr[-1] > arr[0] else 0.0
+
+
+@dataclass
+class Settings:
+    """A validated settings mapping: a run without its trace (see :meth:`resolve`)."""
+
+    label: str
+    scheduler: str
+    eviction: str
+    profile: str = DEFAULT_PROFILE
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    policy_configs: dict[str, Any] = field(default_factory=dict)  # section -> validated knobs of the chosen policies
+    trace_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, trace_source: str) -> RunSpec:
+        """Load the profile and the trace (with the overrides) and settle the rate and seed: the run."""
+        profile = load_profile(self.profile)
+        trace = load_trace(trace_source, self.trace_overrides)
+        return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs, self.engine, profile,
+                         trace, trace_source, self.trace_overrides.get("qps"))
+
+
+def read_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    data = load_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError("a simulation config must be a mapping of sections", path)
+    return data
+
+
+def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
+    """Validate the whole mapping once; every error names its section and field."""
+    allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace"} | knob_sections()
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise UserError(f"unknown section {unknown[0]!r} (known: {', '.join(sorted(allowed))})", where)
+    for key in ("method", "scheduler", "eviction", "profile"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise UserError(f"field {key!r}: must be a string", where)
+    label, sched, evict = resolve_method(data.get("method"), data.get("scheduler"), data.get("eviction"))
+    engine = build(EngineConfig, data.get("engine"), f"{where}: engine")
+    trace = data.get("trace") or {}
+    if not isinstance(trace, dict):
+        raise UserError("section 'trace': must be a mapping of trace-spec fields", where)
+    knobs = {k: data[k] for k in knob_sections() if k in data}
+    configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
+    return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace)
+
+
+def merge_flags(data: dict[str, Any], overrides: list[str], **flags: Any) -> dict[str, Any]:
+    """Apply ``--set`` overrides, then explicit flags (``qps``/``seed`` go to the trace section)."""
+    data = apply_overrides(data, overrides)
+    for key in ("method", "scheduler", "eviction", "profile"):
+        if flags.get(key) is not None:
+            data[key] = flags[key]
+    for key in ("qps", "seed", "num_requests"):
+        if flags.get(key) is not None:
+            data.setdefault("trace", {})
+            if not isinstance(data["trace"], dict):
+                raise UserError("section 'trace': must be a mapping")
+            data["trace"][key] = flags[key]
+    return data
