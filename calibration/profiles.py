@@ -37,6 +37,10 @@ class Model:
     vocab: int = positive(1)
     params: float = positive(1.0, "total parameter count")
     tie_embeddings: bool = False
+    architecture: str = "LlamaForCausalLM"  # Hugging Face class name, for a generated config.json
+    context_length: int = positive(4096, "longest sequence the model accepts")
+    rope_theta: float = positive(10000.0)
+    rms_norm_eps: float = positive(1e-5)
     aliases: tuple[str, ...] = field(default=())
     key: str = ""
 

@@ -1,0 +1,138 @@
+"""Open-loop replay of a trace against an SGLang server.
+
+Every request is sent at its arrival time (times the dilation factor D of a paced twin), as a streamed
+``/generate`` call with ``input_ids``; the first streamed chunk that carries a token is the first token, the
+last one the finish, and ``meta_info.cached_tokens`` the hit. Times are measured on the client's monotonic
+clock from the replay's start and reported divided by D, so a paced run reads in the profile's (undilated)
+seconds. Requests are never held back by earlier ones (open loop), except by an optional client-side
+concurrency limit, whose wait counts in TTFT as in the simulator.
+
+A request that fails (connection lost, HTTP error, timeout) ends the replay: the records finished so far are
+kept, and :class:`ReplayError` names the first failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from prism.live.requests import LiveRequest
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClientRecord:
+    """What the client saw of one request (seconds from the replay's start, undilated)."""
+
+    id: int
+    arrival: float
+    sent: float
+    first_token: float
+    finish: float
+    prompt_tokens: int
+    hit_tokens: int
+    output_tokens: int
+
+
+def _parse_chunk(line: bytes) -> dict | None:
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    body = line[5:].strip()
+    if body == b"[DONE]":
+        return None
+    return json.loads(body)
+
+
+async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, timeout: float,
+               limit: asyncio.Semaphore | None, extra: dict) -> ClientRecord:
+    import aiohttp
+
+    delay = t0 + req.arrival * dilation - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if limit is not None:
+        await limit.acquire()
+    try:
+        sent = time.monotonic()
+        payload = {
+            "input_ids": req.input_ids,
+            "sampling_params": {"max_new_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
+                                "custom_params": req.meta, **extra},
+            "stream": True,
+            "rid": f"prism-{req.id}",
+        }
+        first = last = -1.0
+        meta: dict = {}
+        async with session.post(f"{url}/generate", json=payload,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200].replace("\n", " ")
+                raise ReplayError(f"request {req.id}: HTTP {resp.status}: {text}")
+            async for line in resp.content:
+                chunk = _parse_chunk(line)
+                if chunk is None:
+                    continue
+                if "error" in chunk:
+                    raise ReplayError(f"request {req.id}: server error: {str(chunk['error'])[:200]}")
+                now = time.monotonic()
+                meta = chunk.get("meta_info", meta)
+                if first < 0 and meta.get("completion_tokens", 0) >= 1:
+                    first = now
+                last = now
+        if first < 0:
+            raise ReplayError(f"request {req.id}: the stream ended without a token")
+    finally:
+        if limit is not None:
+            limit.release()
+    d = dilation
+    return ClientRecord(req.id, req.arrival, (sent - t0) / d, (first - t0) / d, (last - t0) / d,
+                        int(meta.get("prompt_tokens", len(req.input_ids))), int(meta.get("cached_tokens", 0)),
+                        int(meta.get("completion_tokens", 0)))
+
+
+async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, timeout: float,
+                  max_concurrency: int | None, on_record: Callable[[ClientRecord], None],
+                  extra: dict, alive: Callable[[], str | None] | None, start: float | None) -> float:
+    import aiohttp
+
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        t0 = start if start is not None else time.monotonic() + 0.05
+        tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra))
+                 for r in requests]
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    exc = t.exception()
+                    if exc is not None:
+                        raise exc if isinstance(exc, ReplayError) else ReplayError(
+                            f"{type(exc).__name__}: {exc}".strip(": "))
+                    on_record(t.result())
+                if alive is not None and (why := alive()):
+                    raise ReplayError(why)
+        finally:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return t0
+
+
+def replay(url: str, requests: Sequence[LiveRequest], on_record: Callable[[ClientRecord], None],
+           dilation: float = 1.0, timeout: float = 600.0, max_concurrency: int | None = None,
+           extra_sampling: dict | None = None, alive: Callable[[], str | None] | None = None,
+           start: float | None = None) -> float:
+    """Replay ``requests`` against ``url``; ``on_record`` sees each finished request. ``alive()`` is polled
+    about once a second and returns a reason to stop (a crashed server) or None. ``start``: the replay's time
+    zero on the monotonic clock (default: now); returned, to align the server's event log."""
+    return asyncio.run(_replay(url.rstrip("/"), requests, dilation, timeout, max_concurrency, on_record,
+                               extra_sampling or {}, alive, start))

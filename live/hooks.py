@@ -1,0 +1,258 @@
+"""prism's policies inside SGLang's scheduler process: the hooks the plugin installs (DESIGN §6).
+
+One :class:`LiveState` per scheduler process holds the policy objects (built by the same registry as the
+simulator's), their shared :class:`~prism.policies.base.DemandHints`, the radix cache, the pacer and the
+counters. The hooks, in the order of one scheduler iteration:
+
+* ``Scheduler.get_next_batch_to_run`` (around): notes when the loop iteration started (the pacing anchor
+  after an idle spell) and the scheduler object;
+* ``SchedulePolicy.calc_priority`` (around; prism's schedulers only, SGLang's own LPM/FCFS/DFS-weight run
+  unhooked): runs ``plan()`` on the waiting queue and writes ``Plan.order`` back in place, as SGLang's own
+  policies sort it; the scheduler then admits in list order;
+* ``Req.init_next_round_input`` (before): the scheduler is about to match and admit this request: apply the
+  plan's segment order to its prompt first (the simulator realigns at the same point);
+* ``ScheduleBatch.prepare_for_extend`` (before): the requests admitted this iteration, before the batch's KV
+  is allocated (and anything evicted): active counts, lanes, ``on_dispatch`` (QAS publishes P̂ to DART);
+* ``Scheduler.run_batch`` (around): paces the forward pass and logs each request's prefill start and end;
+* ``ScheduleBatch.retract_decode`` (after): counts retractions;
+* ``Scheduler.get_internal_state`` (after): the counters appear in ``GET /server_info`` under
+  ``internal_states[0].prism``, proof that the policies ran in the scheduler process.
+
+The radix cache is registered as the ``prism`` backend (``--radix-cache-backend prism``); a request leaving
+the running set (finished or retracted) reaches :meth:`LiveState.release` from the cache's ``on_release``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from prism.calibration.cost_model import CostModel
+from prism.policies.base import DEFAULT_LANE, SchedContext
+from prism.policies.registry import make_policies, policy_configs
+
+from prism.live.pacing import Pacer
+from prism.live.seq import LiveSeq
+
+CONFIG_ENV = "PRISM_LIVE_CONFIG"
+#: prism schedulers that SGLang runs natively (``--schedule-policy``), unhooked
+NATIVE_SCHEDULERS = {"fcfs": "fcfs", "lpm": "lpm", "dfs_weight": "dfs-weight"}
+BACKEND = "prism"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class LiveState:
+    """The policy objects and bookkeeping of one scheduler process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        configs = policy_configs(config["scheduler"], config["eviction"], config.get("knobs") or {})
+        policies = make_policies(config["scheduler"], config["eviction"], configs)
+        self.scheduler, self.eviction, self.hints = policies.scheduler, policies.eviction, policies.hints
+        self.native = config["scheduler"] in NATIVE_SCHEDULERS
+        self.counters: Counter = Counter()
+        self.cache = None
+        self.sched = None  # SGLang's Scheduler object, once seen
+        self.plan = None
+        self.iteration_start = 0.0
+        pace = config.get("pace")
+        self.pacer = Pacer(CostModel(**pace), float(config.get("dilation", 1.0)), self.counters) if pace else None
+        self.events_path = Path(config["events"]) if config.get("events") else None
+        self.counters_path = Path(config["counters"]) if config.get("counters") else None
+        self._events = self.events_path.open("a", buffering=1 << 16) if self.events_path else None
+        self._starts: dict[int, float] = {}
+        self._saved = 0.0
+
+    # ---------------------------------------------------------------- engine state
+    def context(self) -> SchedContext:
+        running = 0
+        limit = 0
+        if self.sched is not None:
+            running = len(self.sched.running_batch.reqs) if self.sched.running_batch is not None else 0
+            limit = getattr(self.sched, "max_running_requests", 0) or 0
+        return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(limit - running, 0))
+
+    def admit(self, reqs) -> None:
+        admitted = []
+        for req in reqs:
+            seq = getattr(req, "_prism", None)
+            if seq is None or seq.admitted:
+                continue
+            seq.admitted = True
+            admitted.append(seq)
+            for r in seq.shared_ids():
+                self.hints.active[r] += 1
+            self.eviction.on_admit(seq)
+            self._count_hit(req)
+            seq.lane = self.plan.lane(seq.id) if self.plan is not None and not self.native else DEFAULT_LANE
+            self.counters[f"admitted_{seq.lane}_lane"] += 1
+            self.counters["front_alignment_moves"] += seq.realigned
+        if admitted and not self.native:
+            self.scheduler.on_dispatch(admitted, self.context())
+
+    def _count_hit(self, req) -> None:
+        node, root = req.last_node, self.cache.root_node if self.cache is not None else None
+        while node is not None and node is not root:
+            if getattr(node, "serial", None) is not None:
+                self.counters[f"hit_tokens_{self.eviction.tier(node)}"] += len(node.key)
+            node = node.parent
+
+    def release(self, req) -> None:
+        seq = getattr(req, "_prism", None)
+        if seq is None or not seq.admitted:
+            return
+        seq.admitted = False
+        active = self.hints.active
+        for r in seq.shared_ids():
+            c = active[r] - 1
+            if c:
+                active[r] = c
+            else:
+                del active[r]
+
+    # ---------------------------------------------------------------- events and counters
+    def log_batch(self, batch, start: float, end: float) -> None:
+        if not batch.forward_mode.is_extend():
+            return
+        for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+            seq = getattr(req, "_prism", None)
+            if seq is None:
+                continue
+            self._starts.setdefault(seq.id, start)
+            if pre + ext >= len(req.origin_input_ids) and self._events is not None and seq.id in self._starts:
+                self._events.write(json.dumps({"id": seq.id, "prefill_start": self._starts.pop(seq.id),
+                                               "prefill_end": end, "lane": seq.lane,
+                                               "realigned": seq.realigned}) + "\n")
+        if self._events is not None:
+            self._events.flush()
+        if self.counters_path is not None and end - self._saved > 0.5:
+            self.save_counters()
+            self._saved = end
+
+    def snapshot(self) -> dict[str, Any]:
+        out = dict(sorted(self.counters.items()))
+        out.update({k: v for k, v in self.scheduler.stats().items()})
+        if self.pacer is not None:
+            out["paced_max_overrun_ms"] = round(self.pacer.max_overrun_s * 1e3, 3)
+        out["scheduler"], out["eviction"] = self.config["scheduler"], self.config["eviction"]
+        return out
+
+    def save_counters(self) -> None:
+        if self.counters_path is not None:
+            write_atomic(self.counters_path, json.dumps(self.snapshot(), sort_keys=True))
+
+
+_state: LiveState | None = None
+
+
+def state() -> LiveState:
+    global _state
+    if _state is None:
+        _state = LiveState(json.loads(Path(os.environ[CONFIG_ENV]).read_text()))
+    return _state
+
+
+# -------------------------------------------------------------------- the hooks
+def _make_cache(ctx):
+    from prism.live.radix import PrismRadixCache
+
+    st = state()
+    st.cache = PrismRadixCache(ctx.params, st.eviction, st.counters, on_release=st.release)
+    return st.cache
+
+
+def around_next_batch(orig, sched, *args, **kwargs):
+    st = state()
+    st.sched = sched
+    st.iteration_start = time.monotonic()
+    return orig(sched, *args, **kwargs)
+
+
+def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
+    st = state()
+    now = time.monotonic()
+    views, others = [], []
+    for req in waiting_queue:
+        seq = LiveSeq.of(req, now)
+        (views if seq is not None else others).append(seq if seq is not None else req)
+    if not views:
+        return orig(policy, waiting_queue, *args, **kwargs)
+    plan = st.scheduler.plan(views, st.context())
+    st.plan = plan
+    st.counters["rounds"] += 1
+    waiting_queue[:] = [s.req for s in plan.order] + others
+    return None
+
+
+def before_init_next_round(req, *args, **kwargs):
+    st = _state
+    seq = getattr(req, "_prism", None)
+    if st is not None and seq is not None and st.plan is not None and not st.native:
+        seq.realign(st.plan.align.get(seq.id))
+    return None
+
+
+def before_prepare_for_extend(batch, *args, **kwargs):
+    state().admit(batch.reqs)
+    return None
+
+
+def around_run_batch(orig, sched, batch, *args, **kwargs):
+    st = state()
+    st.sched = sched
+    pacer = st.pacer
+    start = time.monotonic() if pacer is None else pacer.start(time.monotonic(), bool(
+        getattr(batch, "after_idle_gap", False)), st.iteration_start)
+    result = orig(sched, batch, *args, **kwargs)
+    if pacer is None:
+        end = time.monotonic()
+    elif batch.forward_mode.is_extend():
+        end = pacer.finish(start, pacer.budget(True, batch.extend_lens, batch.prefix_lens, 0, len(batch.reqs)))
+    else:
+        end = pacer.finish(start, pacer.budget(False, (), (), int(batch.seq_lens_cpu.sum()), len(batch.reqs)))
+    st.log_batch(batch, start, end)
+    return result
+
+
+def after_retract(result, batch, *args, **kwargs):
+    state().counters["retractions"] += len(result[0])
+    return None
+
+
+def after_internal_state(result, sched, *args, **kwargs):
+    try:
+        result.internal_state["prism"] = state().snapshot()
+    except (AttributeError, TypeError):
+        pass
+    return None
+
+
+def install(config_path: str) -> None:
+    """Register the hooks and the radix cache backend (called by the plugin entry point in every process)."""
+    from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    config = json.loads(Path(config_path).read_text())
+    if BACKEND not in registered_radix_cache_backends():
+        register_radix_cache_backend(BACKEND, _make_cache)
+    m, s = "sglang.srt.managers", "sglang.srt.managers.scheduler.Scheduler"
+    HookRegistry.register(f"{s}.get_next_batch_to_run", around_next_batch, HookType.AROUND)
+    HookRegistry.register(f"{s}.run_batch", around_run_batch, HookType.AROUND)
+    HookRegistry.register(f"{s}.get_internal_state", after_internal_state, HookType.AFTER)
+    HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.prepare_for_extend", before_prepare_for_extend,
+                          HookType.BEFORE)
+    HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.retract_decode", after_retract, HookType.AFTER)
+    if config["scheduler"] not in NATIVE_SCHEDULERS:
+        HookRegistry.register(f"{m}.schedule_policy.SchedulePolicy.calc_priority", around_calc_priority,
+                              HookType.AROUND)
+        HookRegistry.register(f"{m}.schedule_batch.Req.init_next_round_input", before_init_next_round,
+                              HookType.BEFORE)

@@ -1,0 +1,178 @@
+"""prism's eviction policies inside SGLang's radix cache (the ``prism`` radix cache backend).
+
+SGLang 0.5.23 builds its default tree on a Rust core that only takes a policy *name*; its classic Python
+``RadixCache`` honours any eviction strategy object, whose ``get_priority(node)`` is a sort key (smallest
+evicted first). :class:`PrismRadixCache` subclasses that classic tree and:
+
+* gives the strategy the policy's ``key`` (LRU, LFU, LRU+active, DART: one object, as in ``prism-sim``), ties
+  broken by creation order as in the simulator's cache, and calls the policy's ``prepare`` once per eviction;
+* tags nodes with the segment that owns their tokens (``kind``, ``seg_id``, ``depth``: the node fields of
+  :class:`~prism.policies.base.NodeView` beside SGLang's own ``last_access_time``, ``hit_count``,
+  ``lock_ref``, ``parent``) by the one anchor rule of :mod:`prism.policies.anchors`; for a policy that
+  needs anchors, a newly inserted branch is split at every page-aligned segment boundary;
+* hands the ownership to the new upper node of a split (SGLang's ``_split_node`` copies only its own
+  fields), keeps the per-segment count of resident nodes DART ranks, counts evicted tokens by tier, and
+  tells the engine state when a request leaves (``on_release``).
+
+The request being matched or inserted gives the layout: SGLang passes it to ``match_prefix`` and
+``checkpoint``; inserts between them (tests, warm-up) may give one with :meth:`PrismRadixCache.with_layout`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from typing import Callable
+
+import numpy as np
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+from prism.core import PRIV, TOKEN_DTYPE
+from prism.policies.anchors import ResidentSegments, owner, pieces
+from prism.policies.base import EvictionPolicy
+
+
+class _PolicyStrategy:
+    """SGLang's ``EvictionStrategy`` interface over a prism policy."""
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+
+    def get_priority(self, node) -> tuple:
+        return (self.policy.key(node), node.serial)
+
+
+class PrismRadixCache(RadixCache):
+    """SGLang's classic ``RadixCache`` with a prism eviction policy and segment-owned nodes."""
+
+    def __init__(self, params, policy: EvictionPolicy, counters: Counter | None = None,
+                 on_release: Callable[[object], None] | None = None) -> None:
+        self.policy = policy
+        self.anchors = policy.needs_anchors
+        self.counters = counters if counters is not None else Counter()
+        self._on_release = on_release
+        self._layout = None
+        self._serial = 0
+        self.resident = ResidentSegments()
+        super().__init__(params)
+        self.eviction_strategy = _PolicyStrategy(policy)
+
+    # ------------------------------------------------------------ node bookkeeping
+    def reset(self) -> None:
+        super().reset()
+        self.resident = ResidentSegments()
+        root = self.root_node
+        root.kind, root.seg_id, root.depth, root.serial = "sys", "", 0, 0
+
+    def _tag(self, node, kind: str, seg: str, depth: int) -> None:
+        self._serial += 1
+        node.serial = self._serial
+        node.kind, node.seg_id, node.depth = kind, seg, depth
+        self.resident.add(kind, seg)
+
+    @contextmanager
+    def with_layout(self, layout):
+        """Match and insert for a prompt of this layout ((end, kind, segment id) per segment)."""
+        saved, self._layout = self._layout, layout
+        try:
+            yield self
+        finally:
+            self._layout = saved
+
+    def _split_node(self, key, child, split_len: int):
+        upper = super()._split_node(key, child, split_len)
+        if getattr(child, "serial", None) is None:  # a branch of this insert: tagged by _own_path
+            upper.serial = None
+            return upper
+        depth = child.depth - len(child.key)  # child.key is already the lower part
+        kind, seg = self._owner(depth) if self._layout else (child.kind, child.seg_id)
+        self._tag(upper, kind, seg, depth)
+        return upper
+
+    def _owner(self, end: int) -> tuple[str, str]:
+        return owner(self._layout, end) if self._layout else (PRIV, "")
+
+    def _own_path(self, last) -> None:
+        """Tag the untagged nodes on the path to ``last`` (a new branch), top-down, each with the segment that
+        holds its last token; with anchors the branch is first cut at each page-aligned segment boundary."""
+        path, node = [], last
+        while node is not self.root_node and getattr(node, "serial", None) is None:
+            path.append(node)
+            node = node.parent
+        if not path:
+            return
+        layout, pos = self._layout, node.depth
+        end = pos + sum(len(n.key) for n in path)
+        cuts = [c for c, _, _ in pieces(layout, pos, end, self.page_size, self.anchors)]
+        for node in reversed(path):
+            node_end = pos + len(node.key)
+            for cut in cuts:
+                if pos < cut < node_end:  # SGLang made one edge across a boundary: split off its upper part
+                    upper = super()._split_node(node.key, node, cut - pos)
+                    self._tag(upper, *self._owner(cut), cut)
+                    pos = cut
+            self._tag(node, *self._owner(node_end), node_end)
+            pos = node_end
+
+    # ------------------------------------------------------------ SGLang's entry points
+    def match_prefix(self, params):
+        seq = getattr(params.req, "_prism", None) if getattr(params, "req", None) is not None else None
+        if seq is None:
+            return super().match_prefix(params)
+        with self.with_layout(seq.layout):
+            return super().match_prefix(params)
+
+    def insert(self, params):
+        result = super().insert(params)
+        self._own_path(result.last_device_node)
+        return result
+
+    def checkpoint(self, req, *, up_to: int):
+        seq = getattr(req, "_prism", None)
+        if seq is None:
+            return super().checkpoint(req, up_to=up_to)
+        with self.with_layout(seq.layout):
+            return super().checkpoint(req, up_to=up_to)
+
+    def evict(self, params):
+        self.policy.prepare(self)
+        return super().evict(params)
+
+    def _delete_leaf(self, node) -> None:
+        self.counters[f"evicted_tokens_{self.policy.tier(node)}"] += len(node.key)
+        self.counters["evicted_nodes"] += 1
+        self.resident.remove(node.kind, node.seg_id)
+        super()._delete_leaf(node)
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)
+        if self._on_release is not None:
+            self._on_release(req)
+
+    # ------------------------------------------------------------ prefix index for schedulers
+    def match_len(self, key: bytes) -> int:
+        """Cached tokens of ``key`` (int32 token bytes), walking the children without SGLang's side effects
+        (its ``match_prefix`` splits and touches): the PrefixIndex a prism scheduler reads."""
+        return self._peek(key)[0]
+
+    def match_path(self, key: bytes) -> list[tuple[int, int]]:
+        return self._peek(key)[1]
+
+    def _peek(self, key: bytes) -> tuple[int, list[tuple[int, int]]]:
+        ids = np.frombuffer(key, dtype=TOKEN_DTYPE).astype(np.int64)
+        page = self.page_size
+        node, pos, n, path = self.root_node, 0, len(ids) - len(ids) % page, []
+        while pos < n:
+            child = node.children.get(int(ids[pos]) if page == 1 else tuple(ids[pos:pos + page].tolist()))
+            if child is None:
+                break
+            path.append((child.serial, child.depth))
+            edge = np.frombuffer(child.key.token_ids, dtype=np.int64)[:len(child.key)]
+            m = min(len(edge), n - pos)
+            diff = np.flatnonzero(edge[:m] != ids[pos:pos + m])
+            k = int(diff[0]) if len(diff) else m
+            pos += k - k % page
+            if k < len(edge):
+                break
+            node = child
+        return pos, path

@@ -1,0 +1,105 @@
+"""A waiting SGLang request as prism's policies see it.
+
+:class:`LiveSeq` wraps one SGLang ``Req`` and implements the :class:`~prism.policies.base.WaitingRequest`
+protocol: id, arrival, the current segment order (rebuilt from the ``prism_*`` custom params the client
+sent), the serialized prompt as token bytes, and whether its segments may move. :meth:`LiveSeq.realign`
+applies a scheduler's new segment order inside the scheduler, by permuting whole segments of
+``req.origin_input_ids`` in place (DESIGN §6: only for a request that holds no KV and has no output yet), so
+the model really computes on the realigned prompt.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from prism.core import PRIV, REUSE, SYS, TOKEN_DTYPE, Segment, layout
+
+
+def _ids(req) -> np.ndarray:
+    return np.frombuffer(req.origin_input_ids, dtype=np.int64)
+
+
+class LiveSeq:
+    """Implements ``WaitingRequest`` over an SGLang ``Req`` (``req._prism`` keeps it)."""
+
+    __slots__ = ("req", "id", "arrival", "segments", "fixed_order", "prompt_len", "_key", "_layout",
+                 "realigned", "lane", "admitted")
+
+    def __init__(self, req, arrival: float) -> None:
+        params = req.sampling_params.custom_params or {}
+        self.req = req
+        self.id = int(params["prism_request"])
+        self.arrival = arrival
+        self.fixed_order = not params.get("prism_movable", False)
+        tokens = _ids(req).astype(TOKEN_DTYPE)
+        segs, start = [], 0
+        for seg_id, kind, end in zip(params["prism_ids"], params["prism_kinds"], params["prism_ends"]):
+            segs.append(Segment(kind, seg_id, tokens[start:end]))
+            start = end
+        if start != len(tokens):
+            raise ValueError(f"request {self.id}: segment ends cover {start} of {len(tokens)} prompt tokens")
+        self.segments = tuple(segs)
+        self.prompt_len = len(tokens)
+        self._key = tokens.tobytes()
+        self._layout = None
+        self.realigned = False
+        self.lane = ""
+        self.admitted = False
+
+    @staticmethod
+    def of(req, now: float) -> "LiveSeq | None":
+        """The request's view (made on first sight; None for a request without prism metadata)."""
+        seq = getattr(req, "_prism", None)
+        if seq is None:
+            params = req.sampling_params.custom_params
+            if not params or "prism_ids" not in params:
+                return None
+            entry = getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", None)
+            seq = LiveSeq(req, entry if entry else now)
+            req._prism = seq
+        return seq
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    @property
+    def layout(self) -> tuple[tuple[int, str, str], ...]:
+        if self._layout is None:
+            self._layout = layout(self.segments)
+        return self._layout
+
+    def movable(self) -> bool:
+        """Whether a new segment order may still be applied: no KV held, nothing generated, not chunked."""
+        req = self.req
+        return (not self.fixed_order and req.kv.req_pool_idx is None and len(req.output_ids) == 0
+                and req.extend_end is None)
+
+    def realign(self, skeleton: tuple[str, ...] | None) -> bool:
+        """Put the reusable segments in ``skeleton`` order and rewrite the prompt's tokens; True if it moved."""
+        if skeleton is None or not self.movable():
+            return False
+        head, reuse, tail = [], {}, []
+        for s in self.segments:
+            if s.kind == REUSE:
+                reuse[s.id] = s
+            else:
+                (head if s.kind == SYS else tail).append(s)
+        if tuple(reuse) == tuple(skeleton):
+            return False
+        if len(skeleton) != len(reuse) or reuse.keys() != set(skeleton):
+            raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
+        self.segments = (*head, *map(reuse.__getitem__, skeleton), *tail)
+        tokens = np.concatenate([s.tokens for s in self.segments])
+        self._key = tokens.tobytes()
+        self._layout = None
+        req = self.req
+        req.origin_input_ids[:] = array("q", tokens.astype(np.int64).tobytes())
+        req.full_untruncated_fill_ids = array("q")  # else SGLang keeps extending a stale copy of the prompt
+        self.realigned = True
+        return True
+
+    def shared_ids(self):
+        return (s.id for s in self.segments if s.kind != PRIV)

@@ -1,0 +1,115 @@
+"""Starting, watching and stopping an SGLang server process.
+
+The server runs in its own process group (``python -m sglang.launch_server`` starts a tokenizer manager, a
+scheduler and a detokenizer), with its output in a log file. Stopping sends SIGTERM to the whole group, waits,
+then SIGKILL: no orphan process survives a finished, failed or interrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from prism.errors import UserError
+
+
+def http_json(url: str, payload: dict | None = None, timeout: float = 10.0) -> object:
+    """GET (or POST ``payload``) and decode the JSON answer; '' for an empty body."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    try:
+        return json.loads(body) if body else ""
+    except json.JSONDecodeError:
+        return body.decode(errors="replace")
+
+
+def wait_healthy(url: str, timeout: float, proc: "Server | None" = None) -> None:
+    """Poll ``/health`` until it answers 200; raise with the reason if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and (why := proc.dead()):
+            raise UserError(why)
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2.0) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.25)
+    raise UserError(f"the server at {url} did not become healthy within {timeout:.0f} s"
+                    + (f" (log: {proc.log_path})" if proc else ""))
+
+
+def flush_cache(url: str, attempts: int = 20) -> None:
+    """Empty the server's radix cache (SGLang refuses while requests run: retry briefly)."""
+    for _ in range(attempts):
+        try:
+            http_json(f"{url}/flush_cache", {})
+            return
+        except urllib.error.HTTPError:
+            time.sleep(0.25)
+    raise UserError(f"the server at {url} refused /flush_cache")
+
+
+class Server:
+    """``python -m sglang.launch_server ARGS`` in its own process group."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path, python: str | None = None):
+        self.args = list(args)
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen([python or sys.executable, "-m", "sglang.launch_server", *self.args],
+                                     env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def dead(self) -> str | None:
+        """Why the server is gone, or None while it runs."""
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        return f"the SGLang server exited with status {rc}: {self.last_error()} (log: {self.log_path})"
+
+    def last_error(self) -> str:
+        try:
+            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        for ln in reversed(lines):
+            if "Error" in ln or "error" in ln:
+                return ln[-240:]
+        return lines[-1][-240:] if lines else "no output"
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # children that outlived the leader (the scheduler, the detokenizer) share its process group
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

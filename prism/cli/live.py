@@ -1,0 +1,120 @@
+"""``prism-live``: replay a trace against a real SGLang server running prism's policies (or a paced CPU twin)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prism.cli.common import entry_point, table
+from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.errors import UserError
+
+EPILOG = """\
+examples:
+  prism-live --model llama2-13b --trace traces/zipf.yaml --method prism --qps 12          # GPU machine
+  prism-live --model tiny --pace a800-80g:qwen3-4b-instruct-2507 --trace traces/zipf.yaml --method prism --qps 20
+  prism-live --url http://127.0.0.1:30000 --trace traces/zipf.yaml --method sglang      # a running server
+  prism-live validate --trace traces/zipf.yaml --methods sglang,prism --qps 15,25 --pace a800-80g:qwen3-4b-instruct-2507
+
+The run is described exactly as for prism-sim (--config, --set, --method, --scheduler, --eviction, --qps,
+--seed) and writes the same requests.csv and summary.json (engine_kind: sglang). --model takes a profile
+model name (served with SGLang's dummy weights on a generated config.json: the real geometry, no hub) or a
+local model folder. --pace makes every forward pass last the profile's cost-model time x --dilation, so a
+tiny CPU model stands in for the profile's GPU; arrivals are dilated alike and results reported undilated.
+"""
+
+
+def add_live_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="a profile model name (dummy weights, real geometry) or a local "
+                                                   "model folder (default tiny: a 2-layer test geometry)")
+    p.add_argument("--url", help="attach to a running SGLang server instead of starting one")
+    p.add_argument("--pace", nargs="?", const="", metavar="PROFILE",
+                   help="pace each forward pass to this profile's cost model (GPU:MODEL or YAML; without a value: "
+                        "the run's --profile)")
+    p.add_argument("--dilation", type=float, default=10.0, help="with --pace: real seconds per modelled second "
+                                                                "(default 10)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the server runs (auto: cuda when nvidia-smi exists)")
+    p.add_argument("--port", type=int, default=30123, help="server port on 127.0.0.1 (default 30123)")
+    p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server's health")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
+
+
+def options(args: argparse.Namespace):
+    from prism.live.run import LiveOptions
+
+    if not args.dilation > 0 or args.dilation == float("inf"):
+        raise UserError(f"--dilation must be a positive number, got {args.dilation}")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be in 1..65535, got {args.port}")
+    return LiveOptions(model=args.model, url=args.url, pace=args.pace is not None, dilation=args.dilation,
+                       device=args.device, port=args.port, startup_timeout_s=args.startup_timeout,
+                       request_timeout_s=args.request_timeout)
+
+
+def apply_pace_profile(args: argparse.Namespace) -> None:
+    """--pace PROFILE is the run's profile: the twin stands in for it, and prism-sim models the same."""
+    if args.pace:
+        if args.profile and args.profile != args.pace:
+            raise UserError(f"--pace {args.pace} and --profile {args.profile} disagree: the twin paces to the "
+                            "run's profile (give one of them)")
+        args.profile = args.pace
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prism-live", description=__doc__.split(":", 1)[1].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_flags(p)
+    add_live_flags(p)
+    return p
+
+
+ROW = ["method", "qps", "requests", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate", "throughput_rps"]
+
+
+def summary_row(s: dict) -> list:
+    t = s["ttft_s"]
+    return [s["method"], s["qps"], s["num_requests"], t["p50"], t["p90"], t["p99"], s["hit_rate"],
+            s["throughput_rps"]]
+
+
+@entry_point("prism-live")
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    if args_list and args_list[0] == "validate":
+        from prism.cli.validate import main as validate_main
+
+        return validate_main(args_list[1:])
+    args = parser().parse_args(args_list)
+    apply_pace_profile(args)
+    opts = options(args)
+    spec = spec_from_args(args)
+    out = out_dir(args, spec)
+    from tqdm import tqdm
+
+    from prism.live.run import ReplayError, live_run
+
+    bar = tqdm(total=len(spec.trace.requests), unit="req", desc=f"{spec.label} live", leave=False,
+               disable=args.no_progress or not sys.stderr.isatty())
+    try:
+        s = live_run(spec, opts, out, progress=bar.update)
+    except ReplayError as e:
+        bar.close()
+        print(f"prism-live: run broke off: {e}; partial results in {out}", file=sys.stderr)
+        return 1
+    bar.close()
+    print(table([summary_row(s)], ROW))
+    c = s["counters"]
+    print(f"plugin in the scheduler: {c.get('rounds', 0)} planning rounds, {c.get('front_alignment_moves', 0)} "
+          f"realigned, {c.get('evicted_tokens_private', 0)}/{c.get('evicted_tokens_reusable', 0)}/"
+          f"{c.get('evicted_tokens_protected', 0)} tokens evicted (private/reusable/protected), "
+          f"{c.get('retractions', 0)} retractions" + (f", {c.get('paced_over_budget', 0)} of "
+                                                      f"{c.get('paced_batches', 0)} paced batches over budget"
+                                                      if s["paced"] else ""))
+    print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""``prism-live validate``: the same runs through prism-sim and a live (paced) SGLang server, side by side.
+
+For each method and QPS the run is described once (one RunSpec), simulated, and served live; the table puts
+hit rate, P50/P90/P99 TTFT and throughput of both engines next to each other with their ratios (live / sim)
+and flags where they depart from the fidelity target (hit rate within 2 points, P50 and P99 TTFT within 15%).
+The difference is the simulator's engine-model error: the live side runs SGLang's real scheduler, cache,
+admission and retraction, with only the step times modelled (when paced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from prism.cli.common import entry_point, table
+from prism.cli.live import add_live_flags, apply_pace_profile, options
+from prism.errors import UserError
+from prism.metrics import write_json
+from prism.settings import merge_flags, read_config, settings_from
+
+HIT_POINTS, TTFT_REL = 0.02, 0.15
+COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", "p50_live_s", "p50_ratio",
+           "p90_sim_s", "p90_live_s", "p90_ratio", "p99_sim_s", "p99_live_s", "p99_ratio", "thr_sim", "thr_live",
+           "thr_ratio", "within_target"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True, help="trace spec, JSONL trace or built-in name")
+    p.add_argument("--methods", default="sglang,prism", help="comma-separated methods (default sglang,prism)")
+    p.add_argument("--qps", default="15,25", help="comma-separated arrival rates (default 15,25)")
+    p.add_argument("--config", help="YAML file with run settings")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, help="trace seed")
+    p.add_argument("--profile", help="GPU:MODEL or a profile YAML (the twin paces to it)")
+    p.add_argument("--out", default="runs/validate", help="output folder (default runs/validate)")
+    p.add_argument("--no-progress", action="store_true")
+    add_live_flags(p)
+    return p
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not (0 < v < float("inf")) for v in vals):
+        raise UserError(f"{flag}: rates must be positive and finite, got {text!r}")
+    return vals
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def compare(method: str, qps: float, sim: dict, live: dict) -> list:
+    ts, tl = sim["ttft_s"], live["ttft_s"]
+    dh = live["hit_rate"] - sim["hit_rate"]
+    r50, r90, r99 = _ratio(tl["p50"], ts["p50"]), _ratio(tl["p90"], ts["p90"]), _ratio(tl["p99"], ts["p99"])
+    ok = abs(dh) <= HIT_POINTS and abs(r50 - 1) <= TTFT_REL and abs(r99 - 1) <= TTFT_REL
+    return [method, qps, sim["hit_rate"], live["hit_rate"], dh * 100, ts["p50"], tl["p50"], r50, ts["p90"],
+            tl["p90"], r90, ts["p99"], tl["p99"], r99, sim["throughput_rps"], live["throughput_rps"],
+            _ratio(live["throughput_rps"], sim["throughput_rps"]), ok]
+
+
+def plot(rows: list[list], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("hit", 2, 3), ("TTFT p50 (s)", 5, 6), ("TTFT p99 (s)", 11, 12), ("throughput (req/s)", 14, 15)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
+    methods = sorted({r[0] for r in rows})
+    for ax, (name, i_sim, i_live) in zip(axes, metrics):
+        for m in methods:
+            mine = sorted((r for r in rows if r[0] == m), key=lambda r: r[1])
+            q = [r[1] for r in mine]
+            line = ax.plot(q, [r[i_sim] for r in mine], "o-", label=f"{m} sim")[0]
+            ax.plot(q, [r[i_live] for r in mine], "s--", color=line.get_color(), label=f"{m} live")
+        ax.set_title(name)
+        ax.set_xlabel("QPS")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+@entry_point("prism-live validate")
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    apply_pace_profile(args)
+    opts = options(args)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    rates = _floats(args.qps, "--qps")
+    base = read_config(args.config)
+    specs = []
+    for m in methods:  # every run is checked before the first server starts
+        for q in rates:
+            data = merge_flags(dict(base), args.overrides, method=m, profile=args.profile, qps=q, seed=args.seed)
+            specs.append(settings_from(data, args.config or "settings").resolve(args.trace))
+    from prism.live.run import ReplayError, live_run
+    from prism.sim.run import simulate
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for spec in specs:
+        where = out / spec.label / f"qps{spec.qps:g}"
+        sim = simulate(spec).summary
+        write_json(sim, _mk(where / "sim") / "summary.json")
+        try:
+            live = live_run(spec, opts, where / "live")
+        except ReplayError as e:
+            print(f"prism-live validate: live run {spec.label} at {spec.qps:g} QPS broke off: {e}", file=sys.stderr)
+            return 1
+        rows.append(compare(spec.label, spec.qps, sim, live))
+        print(table([rows[-1]], COLUMNS), flush=True)
+    with (out / ".validate.csv.tmp").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        w.writerows(rows)
+    (out / ".validate.csv.tmp").replace(out / "validate.csv")
+    write_json([dict(zip(COLUMNS, r)) for r in rows], out / "validate.json")
+    plot(rows, out / "validate.png")
+    print(table(rows, COLUMNS))
+    print(f"target: hit within {HIT_POINTS * 100:.0f} points, P50 and P99 TTFT within {TTFT_REL:.0%}; "
+          f"wrote {out / 'validate.csv'}, validate.json and validate.png")
+    return 0
+
+
+def _mk(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p

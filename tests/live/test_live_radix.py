@@ -1,0 +1,168 @@
+"""prism's policies inside SGLang's real radix cache, against the simulator's cache (differential).
+
+Both caches see the same random sequence of inserts, admission matches, locks and evictions, on one logical
+clock (SGLang's classic tree reads ``time.monotonic``; the test points its module at the logical clock). With
+LRU both must give equal hit lengths and evicted-token counts at every step; with DART (anchors, published
+priorities) they must evict the same nodes in the same order.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sglang.srt.mem_cache.radix_cache")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from sglang.srt.mem_cache import radix_cache as sgl_radix  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+
+from prism.core import PRIV, REUSE, SYS, SegmentTable, layout, serialize  # noqa: E402
+from prism.live.radix import PrismRadixCache  # noqa: E402
+from prism.policies.base import DemandHints  # noqa: E402
+from prism.policies.dart import DART  # noqa: E402
+from prism.policies.eviction import LRU  # noqa: E402
+from prism.sim.radix_cache import RadixCache  # noqa: E402
+
+
+class Clock:
+    """Stands in for the ``time`` module inside SGLang's radix_cache: a logical monotonic clock."""
+
+    def __init__(self, real) -> None:
+        self.now = 0.0
+        self._real = real
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(sgl_radix.time)
+    monkeypatch.setattr(sgl_radix, "time", c)
+    return c
+
+
+class _Allocator:
+    device = "cpu"
+
+    def free_segment(self, *args, **kwargs) -> None:
+        pass
+
+
+def sglang_cache(policy, page_size: int) -> PrismRadixCache:
+    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=_Allocator(),
+                             page_size=page_size)
+    return PrismRadixCache(params, policy)
+
+
+def prompts(rng: random.Random, n: int):
+    table = SegmentTable()
+    sys_seg = table.segment("sys", SYS, rng.choice([5, 8, 13]))
+    pool = [table.segment(f"p{i}", REUSE, rng.randint(3, 12)) for i in range(8)]
+    out = []
+    for i in range(n):
+        segs = (sys_seg, *rng.sample(pool, rng.randint(1, 3)), table.segment(f"q{i}", PRIV, rng.randint(2, 9)))
+        out.append((serialize(segs), layout(segs)))
+    return out
+
+
+def _key(tokens):
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return RadixKey(token_ids=array("q", tokens.astype("int64").tobytes()))
+
+
+def play(seed: int, page_size: int, make_policy, check_order: bool, clock) -> None:
+    rng = random.Random(seed)
+    items = prompts(rng, 14)
+    hints = DemandHints()
+    sim_policy, live_policy = make_policy(hints), make_policy(hints)
+    sim = RadixCache(None, page_size, anchors=sim_policy.needs_anchors)
+    live = sglang_cache(live_policy, page_size)
+    sim_evicted, live_evicted = [], []
+    delete = live._delete_leaf
+
+    def record(node):
+        live_evicted.append((len(node.key), node.kind, node.seg_id))
+        delete(node)
+
+    live._delete_leaf = record
+    locks = []
+    for step in range(60):
+        clock.now = float(step)
+        tokens, lay = rng.choice(items)
+        op = rng.random()
+        if op < 0.45:
+            a = sim.insert(tokens.tobytes(), clock.now, lay)
+            with live.with_layout(lay):
+                b = live.insert(InsertParams(key=_key(tokens)))
+            assert (len(tokens) - len(tokens) % page_size) - a[0] == b.prefix_len, step
+        elif op < 0.75:
+            hit, node = sim.match(tokens.tobytes(), clock.now, lay)
+            with live.with_layout(lay):
+                m = live.match_prefix(MatchPrefixParams(key=_key(tokens)))
+            assert hit == m.device_prefix_len, step
+            if rng.random() < 0.5 and hit:
+                sim.lock(node)
+                live.inc_lock_ref(m.last_device_node)
+                locks.append((node, m.last_device_node))
+        elif op < 0.85 and locks:
+            node, lnode = locks.pop(rng.randrange(len(locks)))
+            sim.unlock(node)
+            live.dec_lock_ref(lnode)
+        else:
+            if rng.random() < 0.5:
+                segs = sorted({s for _, l in items for _, _, s in l})
+                hints.publish({s: float(rng.randint(0, 5)) for s in segs if rng.random() < 0.7})
+            n = rng.randint(1, 40)
+            sim_policy.prepare(sim)
+            freed = sim.evict(n, sim_policy.key, lambda x: sim_evicted.append((x.length, x.kind, x.seg_id)))
+            got = live.evict(EvictParams(num_tokens=n)).num_tokens_evicted
+            assert freed == got, step
+        assert sim.size == live.total_size(), step
+        assert sim.evictable_size == live.evictable_size(), step
+        assert dict(sim.resident) == dict(live.resident), step
+    if check_order:
+        assert sim_evicted == live_evicted
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), page_size=st.sampled_from([1, 4]))
+def test_lru_matches_the_simulator_step_by_step(seed, page_size):
+    with pytest.MonkeyPatch.context() as mp:
+        c = Clock(sgl_radix.time)
+        mp.setattr(sgl_radix, "time", c)
+        play(seed, page_size, lambda hints: LRU(hints), check_order=False, clock=c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), page_size=st.sampled_from([1, 4]))
+def test_dart_evicts_the_same_nodes_in_the_same_order(seed, page_size):
+    with pytest.MonkeyPatch.context() as mp:
+        c = Clock(sgl_radix.time)
+        mp.setattr(sgl_radix, "time", c)
+        play(seed, page_size, lambda hints: DART(hints=hints), check_order=True, clock=c)
+
+
+def test_split_hands_segment_ownership_to_the_new_upper_node(clock):
+    table = SegmentTable()
+    a = (table.segment("sys", SYS, 4), table.segment("p1", REUSE, 6), table.segment("q1", PRIV, 3))
+    b = (table.segment("sys", SYS, 4), table.segment("p2", REUSE, 5), table.segment("q2", PRIV, 3))
+    live = sglang_cache(DART(hints=DemandHints()), 1)
+    for segs in (a, b):
+        with live.with_layout(layout(segs)):
+            live.insert(InsertParams(key=_key(serialize(segs))))
+    # anchors: sys | p1 | q1 and, after the shared sys node, p2 | q2
+    sys_node = live.root_node.children[int(a[0].tokens[0])]
+    assert (len(sys_node.key), sys_node.kind, sys_node.seg_id, sys_node.depth) == (4, SYS, "sys", 4)
+    kids = sorted((c.seg_id, len(c.key), c.depth) for c in sys_node.children.values())
+    assert kids == [("p1", 6, 10), ("p2", 5, 9)]
+    assert dict(live.resident) == {"sys": 1, "p1": 1, "p2": 1}
