@@ -44,18 +44,17 @@ class WaitingRequest(Protocol):
 
 @runtime_checkable
 class NodeView(Protocol):
+    """A radix node as an eviction policy reads it. The fields SGLang's ``TreeNode`` has keep its names
+    (``last_access_time``, ``hit_count``, ``parent``), so that the live cache hands SGLang's own nodes to a
+    policy's ``key`` without a wrapper; ``kind``, ``seg_id`` and ``depth`` are prism's segment ownership, which
+    both caches set by the rule of :mod:`prism.policies.anchors`."""
+
     kind: str  # "sys" | "reuse" | "priv": kind of the segment that owns the node's tokens
     seg_id: str
-    last_access: float
+    last_access_time: float
     hit_count: int
     depth: int  # prompt offset of the node's end
     parent: "NodeView | None"  # None for the root (an offline reference walks a node's path with it)
-
-    @property
-    def locked(self) -> bool: ...
-
-    @property
-    def is_leaf(self) -> bool: ...
 
 
 class ResidentIndex(Protocol):

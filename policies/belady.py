@@ -60,4 +60,4 @@ class Belady(EvictionPolicy):
         return tuple(reversed(ids))
 
     def key(self, node: NodeView) -> tuple:
-        return (-self.next_use(self.path_of(node)), node.last_access)
+        return (-self.next_use(self.path_of(node)), node.last_access_time)

@@ -60,12 +60,12 @@ class DART(EvictionPolicy):
 
     def key(self, node: NodeView) -> tuple:
         if not self._hinted:  # no hints: plain LRU
-            return (node.last_access,)
+            return (node.last_access_time,)
         if node.kind == PRIV:
-            return (0, node.last_access)
+            return (0, node.last_access_time)
         if node.seg_id in self.protected:
-            return (2, node.last_access)
-        return (1, self.hints.priority.get(node.seg_id, 0.0), node.last_access)
+            return (2, node.last_access_time)
+        return (1, self.hints.priority.get(node.seg_id, 0.0), node.last_access_time)
 
     def tier(self, node: NodeView) -> str:
         if node.kind == PRIV:

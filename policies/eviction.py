@@ -12,14 +12,14 @@ class LRU(EvictionPolicy):
     """Least recently used leaf first: SGLang's default."""
 
     def key(self, node: NodeView) -> tuple:
-        return (node.last_access,)
+        return (node.last_access_time,)
 
 
 class LFU(EvictionPolicy):
     """Least often hit first, least recently used among equals."""
 
     def key(self, node: NodeView) -> tuple:
-        return (node.hit_count, node.last_access)
+        return (node.hit_count, node.last_access_time)
 
 
 class LRUActive(EvictionPolicy):
@@ -31,7 +31,7 @@ class LRUActive(EvictionPolicy):
         return node.kind in (REUSE, SYS) and self.hints.active.get(node.seg_id, 0) > 0
 
     def key(self, node: NodeView) -> tuple:
-        return (1 if self._active(node) else 0, node.last_access)
+        return (1 if self._active(node) else 0, node.last_access_time)
 
     def tier(self, node: NodeView) -> str:
         return "protected" if self._active(node) else super().tier(node)

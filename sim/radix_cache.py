@@ -23,7 +23,7 @@ from prism.policies.anchors import Layout, ResidentSegments, owner, pieces
 
 
 class Node:
-    __slots__ = ("id", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access",
+    __slots__ = ("id", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
                  "hit_count", "kind", "seg_id")
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
@@ -38,7 +38,7 @@ class Node:
         self.length = len(key) // TOKEN_BYTES
         self.depth = depth  # tokens from the root to the end of this node
         self.lock_ref = 0
-        self.last_access = now
+        self.last_access_time = now
         self.hit_count = 0
         self.kind = kind
         self.seg_id = seg_id
@@ -128,7 +128,7 @@ class RadixCache:
                 m = self._lcp(ck, key[pos:pos + len(ck)])
                 child = self._split(child, m, layout)
                 ck = child.key
-            child.last_access = now
+            child.last_access_time = now
             child.hit_count += 1
             pos += len(ck)
             node = child
@@ -149,7 +149,7 @@ class RadixCache:
         if start is not None:
             node, pos = start, start.depth * TOKEN_BYTES
             while start is not self.root:
-                start.last_access = now
+                start.last_access_time = now
                 start = start.parent
         while pos < n:
             first = key[pos:pos + pb]
@@ -164,10 +164,10 @@ class RadixCache:
                 m = self._lcp(ck, key[pos:pos + len(ck)])
                 child = self._split(child, m, layout)
                 ck = child.key
-            child.last_access = now
+            child.last_access_time = now
             pos += len(ck)
             node = child
-        node.last_access = now
+        node.last_access_time = now
         return added, node
 
     def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
@@ -198,7 +198,7 @@ class RadixCache:
         parent = child.parent
         depth = child.depth - child.length + m
         kind, seg = owner(layout, depth) if layout else (child.kind, child.seg_id)
-        upper = Node(child.id, parent, child.key[:cut], depth, child.last_access, kind, seg)
+        upper = Node(child.id, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
         # the upper part keeps the place (id) and is the newer object (serial); the lower part gets a new id
         upper.serial = child.id = self._next_id
         self._next_id += 1

@@ -66,9 +66,9 @@ def test_protected_set_is_the_top_f_resident():
             if n.kind == PRIV:
                 assert tier == "private" and dart.key(n)[0] == 0
             elif n.seg_id in expected:
-                assert tier == "protected" and dart.key(n) == (2, n.last_access)
+                assert tier == "protected" and dart.key(n) == (2, n.last_access_time)
             else:
-                assert tier == "reusable" and dart.key(n) == (1, hints.priority.get(n.seg_id, 0.0), n.last_access)
+                assert tier == "reusable" and dart.key(n) == (1, hints.priority.get(n.seg_id, 0.0), n.last_access_time)
 
 
 seq_lists = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(1, 3)),

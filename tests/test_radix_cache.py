@@ -49,7 +49,7 @@ def test_cache_matches_brute_force(ops, page, capacity, anchors):
             # keep within capacity the way the engine does: evict unlocked leaves
             over = cache.size - capacity
             if over > 0:
-                cache.evict(over, lambda nd: (nd.last_access,))
+                cache.evict(over, lambda nd: (nd.last_access_time,))
         elif op == "match":
             m, node = cache.match(k, clock)
             assert m == brute_lcp(seq, resident, page)
@@ -64,7 +64,7 @@ def test_cache_matches_brute_force(ops, page, capacity, anchors):
         elif op == "evict":
             protected = {id(x) for node in locked for x in _path(cache, node)}
             evicted = []
-            cache.evict(n, lambda nd: (nd.last_access,), evicted.append)
+            cache.evict(n, lambda nd: (nd.last_access_time,), evicted.append)
             assert not protected & {id(e) for e in evicted}, "a locked node was evicted"
         cache.check()
         locked_tokens = sum(x.length for x in {id(x): x for nd in locked for x in _path(cache, nd)}.values())
@@ -135,7 +135,7 @@ def test_page_size_floors_matches_and_insertions():
 
 
 def _state(cache):
-    nodes = sorted((n.id, n.serial, n.key, n.depth, n.lock_ref, n.last_access, n.hit_count, n.kind, n.seg_id,
+    nodes = sorted((n.id, n.serial, n.key, n.depth, n.lock_ref, n.last_access_time, n.hit_count, n.kind, n.seg_id,
                     n.parent.id) for n in cache.nodes())
     return nodes, cache.size, cache.evictable_size, dict(cache.resident)
 
