@@ -126,6 +126,7 @@ class RadixCache:
             ck = child.key
             if not key.startswith(ck, pos):
                 m = self._lcp(ck, key[pos:pos + len(ck)])
+                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
                 child = self._split(child, m, layout)
                 ck = child.key
             child.last_access_time = now
@@ -162,6 +163,7 @@ class RadixCache:
             ck = child.key
             if not key.startswith(ck, pos):
                 m = self._lcp(ck, key[pos:pos + len(ck)])
+                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
                 child = self._split(child, m, layout)
                 ck = child.key
             child.last_access_time = now
