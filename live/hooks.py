@@ -82,9 +82,9 @@ class LiveState:
         return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(limit - running, 0))
 
     def admit(self, reqs) -> None:
-        admitted = []
+        admitted, now = [], time.monotonic()
         for req in reqs:
-            seq = getattr(req, "_prism", None)
+            seq = LiveSeq.of(req, now)  # SGLang's own schedulers never showed it to us before
             if seq is None or seq.admitted:
                 continue
             seq.admitted = True

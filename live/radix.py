@@ -20,6 +20,7 @@ The request being matched or inserted gives the layout: SGLang passes it to ``ma
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from contextlib import contextmanager
 from typing import Callable
@@ -30,6 +31,8 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from prism.core import PRIV, TOKEN_DTYPE
 from prism.policies.anchors import ResidentSegments, owner, pieces
 from prism.policies.base import EvictionPolicy
+
+from prism.live.seq import LiveSeq
 
 
 class _PolicyStrategy:
@@ -116,7 +119,8 @@ class PrismRadixCache(RadixCache):
 
     # ------------------------------------------------------------ SGLang's entry points
     def match_prefix(self, params):
-        seq = getattr(params.req, "_prism", None) if getattr(params, "req", None) is not None else None
+        req = getattr(params, "req", None)
+        seq = LiveSeq.of(req, time.monotonic()) if req is not None else None
         if seq is None:
             return super().match_prefix(params)
         with self.with_layout(seq.layout):
@@ -128,7 +132,7 @@ class PrismRadixCache(RadixCache):
         return result
 
     def checkpoint(self, req, *, up_to: int):
-        seq = getattr(req, "_prism", None)
+        seq = LiveSeq.of(req, time.monotonic())
         if seq is None:
             return super().checkpoint(req, up_to=up_to)
         with self.with_layout(seq.layout):
