@@ -1,4 +1,5 @@
-"""``prism-calibrate``: show hardware/model profiles, and fit the cost model to measured iterations."""
+"""``prism-calibrate``: show hardware/model profiles, measure iterations on a live server, and fit the cost model
+to measured iterations."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from prism.calibration import fit as fitting
+from prism.calibration import measure as measuring
 from prism.calibration import profiles
 from prism.calibration.cost_model import load_profile, roofline
 from prism.cli.common import entry_point, table
@@ -31,6 +33,24 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--gpu", default="a800-80g")
     f.add_argument("--model", default="qwen3-4b-instruct-2507")
     f.add_argument("--first-token-s", type=float, default=0.0005, help="prefill end to first token (s)")
+    me = sub.add_parser("measure", help="time prefill and decode iterations on a live SGLang server, write the "
+                        "CSV that 'fit' reads")
+    me.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    me.add_argument("-o", "--out", default="measurements.csv", help="CSV to write (atomically)")
+    me.add_argument("--prefill-sizes", default="128,512,2048", help="new tokens per prefill point")
+    me.add_argument("--cached", default="0,1024", help="cached-prefix lengths of the prefill points")
+    me.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes")
+    me.add_argument("--decode-context", type=int, default=512, help="prompt length of each decode request")
+    me.add_argument("--decode-steps", type=int, default=32, help="max_new_tokens of each decode request")
+    me.add_argument("--repeat", type=int, default=3, help="runs per point (the median is kept)")
+    me.add_argument("--vocab", type=int, help="vocabulary size (default: the server model's config.json, else "
+                    f"{measuring.DEFAULT_VOCAB})")
+    me.add_argument("--timing", choices=("auto", "metrics", "latency"), default="auto",
+                    help="prefill time from the server's --enable-metrics time stamps, or from client latency "
+                    "minus the fixed path (auto: metrics when present)")
+    me.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    me.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    me.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     t = sub.add_parser("synth", help="write synthetic measurements from a profile (to try 'fit')")
     t.add_argument("-o", "--out", required=True)
     t.add_argument("--profile", default="a800-80g:qwen3-4b-instruct-2507")
@@ -95,6 +115,32 @@ def do_fit(args) -> None:
     print(f"wrote {out} and {plot}; use it with: prism-sim --profile {out}")
 
 
+def do_measure(args) -> None:
+    plan = measuring.Plan(
+        prefill_sizes=measuring.parse_sizes(args.prefill_sizes, "--prefill-sizes", 1),
+        cached=measuring.parse_sizes(args.cached, "--cached", 0),
+        batch_sizes=measuring.parse_sizes(args.batch_sizes, "--batch-sizes", 1),
+        decode_context=args.decode_context, decode_steps=args.decode_steps, repeat=args.repeat,
+        timing=args.timing, timeout_s=args.timeout)
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be > 0, got {args.timeout}")
+    if args.vocab is not None and args.vocab <= measuring.FIRST_ID + 1:
+        raise UserError(f"--vocab must be > {measuring.FIRST_ID + 1}, got {args.vocab}")
+    measuring.check_plan(plan, {})
+    log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    rows, summary = measuring.measure(args.url, plan, args.vocab, args.seed, log)
+    out = measuring.write_rows(rows, args.out)
+    print(table([[r.kind, r.batch_size, "" if r.new_tokens is None else r.new_tokens,
+                  "" if r.cached_tokens is None else r.cached_tokens,
+                  "" if r.context_tokens is None else r.context_tokens, f"{r.seconds * 1e3:.3f}",
+                  f"{(max(r.samples) - min(r.samples)) * 1e3:.3f}"] for r in rows],
+                ["kind", "batch", "new", "cached", "context", "ms (median)", "range ms"]))
+    how = ("scheduler time stamps (--enable-metrics)" if summary["timing"] == "metrics" else
+           f"latency − fixed path {summary['fixed_path_s'] * 1e3:.2f} ms")
+    print(f"prefill timing: {how}; vocab {summary['vocab']} ({summary['vocab_source']})")
+    print(f"wrote {len(rows)} rows to {out}; fit with: prism-calibrate fit {out} -o PROFILE.yaml")
+
+
 @entry_point("prism-calibrate")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -102,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         show(args)
     elif args.cmd == "fit":
         do_fit(args)
+    elif args.cmd == "measure":
+        do_measure(args)
     else:
         if args.rows < 6 or args.noise < 0:
             raise UserError("--rows must be >= 6 and --noise >= 0")
