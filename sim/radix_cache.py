@@ -8,6 +8,9 @@ edge comparison is a memcmp; only a mismatch asks numpy for the exact position.
 Nodes carry the owner segment of their tokens (``kind``, ``seg_id``), from the prompt layout given at
 insertion, by the rule of :mod:`prism.policies.anchors`. With ``anchors=True`` every segment boundary becomes
 a node boundary (DART's anchors), so each node belongs to exactly one segment.
+
+One walk (:meth:`RadixCache._walk`) serves the peeks (``match_len``, ``match_path``), admission (``match``)
+and ``insert``; they differ in whether it splits a partly matched node and stamps the nodes it enters.
 """
 
 from __future__ import annotations
@@ -83,34 +86,52 @@ class RadixCache:
         m = int(diff[0]) if len(diff) else n
         return m - m % self.page_size
 
-    def match_len(self, key: bytes) -> int:
-        """Cached tokens of ``key``: a peek that changes nothing (for schedulers)."""
-        node, pos, n, pb = self.root, 0, len(key), self._pb
+    def _walk(self, key: bytes, node: Node, pos: int, split: bool, now: float | None = None, hit: bool = False,
+              layout: Layout | None = None, path: list | None = None) -> tuple[Node, int, Node | None]:
+        """The one descent of the tree along ``key``, from ``node`` (which ends at byte ``pos`` of ``key``).
+
+        ``split``: split a partly matched child at the match and go on into its upper part (admission and
+        insertion do, as SGLang does), or stop above it (peeks). ``now``: stamp every node entered with this
+        access time and, with ``hit``, count a hit; None leaves nodes untouched. ``path``: a list to which the
+        (id, end depth) of every child entered is appended, a partly matched one included.
+
+        Returns the last node matched whole, its end in bytes of ``key``, and the partly matched child where a
+        peek stopped (None if the walk ended at a node boundary)."""
+        pb, n = self._pb, len(key)
         while pos < n:
             child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
+            if path is not None:
+                path.append((child.id, child.depth))
             ck = child.key
-            if key.startswith(ck, pos):
-                pos += len(ck)
-                node = child
-                continue
-            return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
-        return pos // TOKEN_BYTES
+            if not key.startswith(ck, pos):
+                if not split:
+                    return node, pos, child
+                if now is not None:  # SGLang stamps the child before it splits it: both parts are touched
+                    child.last_access_time = now
+                child = self._split(child, self._lcp(ck, key[pos:pos + len(ck)]), layout)
+                ck = child.key
+            if now is not None:
+                child.last_access_time = now
+                if hit:
+                    child.hit_count += 1
+            pos += len(ck)
+            node = child
+        return node, pos, None
+
+    def match_len(self, key: bytes) -> int:
+        """Cached tokens of ``key``: a peek that changes nothing (for schedulers)."""
+        _, pos, part = self._walk(key, self.root, 0, False)
+        if part is None:
+            return pos // TOKEN_BYTES
+        return pos // TOKEN_BYTES + self._lcp(part.key, key[pos:pos + len(part.key)])
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
         """(id, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
         included: ``match_len`` tells where in it the match ends)."""
-        node, pos, n, pb, path = self.root, 0, len(key), self._pb, []
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            path.append((child.id, child.depth))
-            if not key.startswith(child.key, pos):
-                break
-            pos += len(child.key)
-            node = child
+        path: list[tuple[int, int]] = []
+        self._walk(key, self.root, 0, False, path=path)
         return path
 
     def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
@@ -118,21 +139,7 @@ class RadixCache:
 
         Returns the matched length and the last matched node (lock it while the request runs).
         """
-        node, pos, n, pb = self.root, 0, len(key), self._pb
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            ck = child.key
-            if not key.startswith(ck, pos):
-                m = self._lcp(ck, key[pos:pos + len(ck)])
-                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
-                child = self._split(child, m, layout)
-                ck = child.key
-            child.last_access_time = now
-            child.hit_count += 1
-            pos += len(ck)
-            node = child
+        node, pos, _ = self._walk(key, self.root, 0, True, now, True, layout)
         return pos // TOKEN_BYTES, node
 
     # ---------------------------------------------------------------- insertion
@@ -143,32 +150,20 @@ class RadixCache:
         ``start``: a node on the key's path that the caller keeps locked (a request's own cached prefix, so
         nothing above it can be evicted). Its path is refreshed through parent links and tokens are compared
         only below it, with the same result as a walk from the root."""
-        pb = self._pb
-        n = len(key) - len(key) % pb
+        n = len(key) - len(key) % self._pb
         key = key[:n]
-        node, pos, added = self.root, 0, 0
+        node, pos = self.root, 0
         if start is not None:
             node, pos = start, start.depth * TOKEN_BYTES
             while start is not self.root:
                 start.last_access_time = now
                 start = start.parent
-        while pos < n:
-            first = key[pos:pos + pb]
-            child = node.children.get(first)
-            if child is None:
-                cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
-                node = self._new_branch(node, key, pos, cuts, now)
-                added = (n - pos) // TOKEN_BYTES
-                break
-            ck = child.key
-            if not key.startswith(ck, pos):
-                m = self._lcp(ck, key[pos:pos + len(ck)])
-                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
-                child = self._split(child, m, layout)
-                ck = child.key
-            child.last_access_time = now
-            pos += len(ck)
-            node = child
+        node, pos, _ = self._walk(key, node, pos, True, now, False, layout)
+        added = 0
+        if pos < n:  # the rest of the key is new
+            cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
+            node = self._new_branch(node, key, pos, cuts, now)
+            added = (n - pos) // TOKEN_BYTES
         node.last_access_time = now
         return added, node
 
