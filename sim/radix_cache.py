@@ -26,15 +26,22 @@ from prism.policies.anchors import Layout, ResidentSegments, owner, pieces
 
 
 class Node:
-    __slots__ = ("id", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
+    """One edge of the tree. ``parent``, ``children``, ``key``, ``lock_ref``, ``last_access_time`` and
+    ``hit_count`` are SGLang's ``TreeNode`` names; two numbers tell nodes apart:
+
+    * ``place``: the position in the tree the node holds. A split's upper part takes over the position and
+      its place; the lower part moves to a new place. Siblings sorted by place are thus in the order their
+      keys entered the parent's ``children``, SGLang's child order (``match_path`` reports places).
+    * ``serial``: creation order of node objects (a split's upper part is the newer object). Eviction breaks
+      ties with it, as the live cache does with its own ``serial``.
+    """
+
+    __slots__ = ("place", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
                  "hit_count", "kind", "seg_id")
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
-        # ``id`` names a place in the tree: a split's upper part keeps it, so siblings sorted by id are in the
-        # order their places were made (SGLang's child order). ``serial`` counts node objects in creation
-        # order; eviction breaks ties with it.
-        self.id = self.serial = node_id
+        self.place = self.serial = node_id
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.key = key
@@ -46,16 +53,8 @@ class Node:
         self.kind = kind
         self.seg_id = seg_id
 
-    @property
-    def locked(self) -> bool:
-        return self.lock_ref > 0
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
     def __repr__(self) -> str:
-        return f"Node(id={self.id}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
+        return f"Node(place={self.place}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
 
 
 class RadixCache:
@@ -93,7 +92,7 @@ class RadixCache:
         ``split``: split a partly matched child at the match and go on into its upper part (admission and
         insertion do, as SGLang does), or stop above it (peeks). ``now``: stamp every node entered with this
         access time and, with ``hit``, count a hit; None leaves nodes untouched. ``path``: a list to which the
-        (id, end depth) of every child entered is appended, a partly matched one included.
+        (place, end depth) of every child entered is appended, a partly matched one included.
 
         Returns the last node matched whole, its end in bytes of ``key``, and the partly matched child where a
         peek stopped (None if the walk ended at a node boundary)."""
@@ -103,7 +102,7 @@ class RadixCache:
             if child is None:
                 break
             if path is not None:
-                path.append((child.id, child.depth))
+                path.append((child.place, child.depth))
             ck = child.key
             if not key.startswith(ck, pos):
                 if not split:
@@ -128,7 +127,7 @@ class RadixCache:
         return pos // TOKEN_BYTES + self._lcp(part.key, key[pos:pos + len(part.key)])
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(id, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
+        """(place, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
         included: ``match_len`` tells where in it the match ends)."""
         path: list[tuple[int, int]] = []
         self._walk(key, self.root, 0, False, path=path)
@@ -195,9 +194,9 @@ class RadixCache:
         parent = child.parent
         depth = child.depth - child.length + m
         kind, seg = owner(layout, depth) if layout else (child.kind, child.seg_id)
-        upper = Node(child.id, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
-        # the upper part keeps the place (id) and is the newer object (serial); the lower part gets a new id
-        upper.serial = child.id = self._next_id
+        upper = Node(child.place, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
+        # the upper part takes over the place and is the newer object; the lower part moves to a new place
+        upper.serial = child.place = self._next_id
         self._next_id += 1
         self.resident.add(kind, seg)
         upper.lock_ref = child.lock_ref
