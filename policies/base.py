@@ -28,9 +28,9 @@ class PrefixIndex(Protocol):
         """Tokens of ``key`` (int32 token bytes) that are cached, as a side-effect-free peek."""
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(id, end depth) of the cache nodes the cached part of ``key`` runs through (root excluded; the last
-        may be matched only in part), a peek too. Sibling nodes sorted by id are in the order they were
-        made, as SGLang's tree keeps its children."""
+        """(place, end depth) of the cache nodes the cached part of ``key`` runs through (root excluded; the
+        last may be matched only in part), a peek too. A place names a position in the tree (a split's upper
+        part keeps it): sibling nodes sorted by place are in the order SGLang's tree keeps its children."""
 
 
 class WaitingRequest(Protocol):

@@ -65,15 +65,15 @@ class DFSWeight(LPM):
     (ties: the older child) and emits a place's own requests after its subtree.
 
     SGLang's match splits a partly matched node, so a match that ends inside a node ends at a place of its
-    own, above the node's remainder. Matching here is a peek, so a place is (node id, depth): the node itself
-    at its end depth, or a split point inside it."""
+    own, above the node's remainder. Matching here is a peek, so a place is (the cache node's place, depth):
+    the node itself at its end depth, or a split point inside it."""
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:
             return Plan(list(waiting))
         root = (0, 0)
         ends = []  # per request: the matched path and length
-        cuts: dict[int, set[int]] = defaultdict(set)  # node id -> depths where a match ends inside it
+        cuts: dict[int, set[int]] = defaultdict(set)  # node place -> depths where a match ends inside it
         for r in waiting:
             path, m = ctx.cache.match_path(r.key), ctx.cache.match_len(r.key)
             if path and m <= (path[-2][1] if len(path) > 1 else 0):

@@ -8,6 +8,9 @@ edge comparison is a memcmp; only a mismatch asks numpy for the exact position.
 Nodes carry the owner segment of their tokens (``kind``, ``seg_id``), from the prompt layout given at
 insertion, by the rule of :mod:`prism.policies.anchors`. With ``anchors=True`` every segment boundary becomes
 a node boundary (DART's anchors), so each node belongs to exactly one segment.
+
+One walk (:meth:`RadixCache._walk`) serves the peeks (``match_len``, ``match_path``), admission (``match``)
+and ``insert``; they differ in whether it splits a partly matched node and stamps the nodes it enters.
 """
 
 from __future__ import annotations
@@ -23,15 +26,22 @@ from prism.policies.anchors import Layout, ResidentSegments, owner, pieces
 
 
 class Node:
-    __slots__ = ("id", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
+    """One edge of the tree. ``parent``, ``children``, ``key``, ``lock_ref``, ``last_access_time`` and
+    ``hit_count`` are SGLang's ``TreeNode`` names; two numbers tell nodes apart:
+
+    * ``place``: the position in the tree the node holds. A split's upper part takes over the position and
+      its place; the lower part moves to a new place. Siblings sorted by place are thus in the order their
+      keys entered the parent's ``children``, SGLang's child order (``match_path`` reports places).
+    * ``serial``: creation order of node objects (a split's upper part is the newer object). Eviction breaks
+      ties with it, as the live cache does with its own ``serial``.
+    """
+
+    __slots__ = ("place", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
                  "hit_count", "kind", "seg_id")
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
-        # ``id`` names a place in the tree: a split's upper part keeps it, so siblings sorted by id are in the
-        # order their places were made (SGLang's child order). ``serial`` counts node objects in creation
-        # order; eviction breaks ties with it.
-        self.id = self.serial = node_id
+        self.place = self.serial = node_id
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.key = key
@@ -43,16 +53,8 @@ class Node:
         self.kind = kind
         self.seg_id = seg_id
 
-    @property
-    def locked(self) -> bool:
-        return self.lock_ref > 0
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
     def __repr__(self) -> str:
-        return f"Node(id={self.id}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
+        return f"Node(place={self.place}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
 
 
 class RadixCache:
@@ -83,34 +85,52 @@ class RadixCache:
         m = int(diff[0]) if len(diff) else n
         return m - m % self.page_size
 
+    def _walk(self, key: bytes, node: Node, pos: int, split: bool, now: float | None = None, hit: bool = False,
+              layout: Layout | None = None, path: list | None = None) -> tuple[Node, int, Node | None]:
+        """The one descent of the tree along ``key``, from ``node`` (which ends at byte ``pos`` of ``key``).
+
+        ``split``: split a partly matched child at the match and go on into its upper part (admission and
+        insertion do, as SGLang does), or stop above it (peeks). ``now``: stamp every node entered with this
+        access time and, with ``hit``, count a hit; None leaves nodes untouched. ``path``: a list to which the
+        (place, end depth) of every child entered is appended, a partly matched one included.
+
+        Returns the last node matched whole, its end in bytes of ``key``, and the partly matched child where a
+        peek stopped (None if the walk ended at a node boundary)."""
+        pb, n = self._pb, len(key)
+        while pos < n:
+            child = node.children.get(key[pos:pos + pb])
+            if child is None:
+                break
+            if path is not None:
+                path.append((child.place, child.depth))
+            ck = child.key
+            if not key.startswith(ck, pos):
+                if not split:
+                    return node, pos, child
+                if now is not None:  # SGLang stamps the child before it splits it: both parts are touched
+                    child.last_access_time = now
+                child = self._split(child, self._lcp(ck, key[pos:pos + len(ck)]), layout)
+                ck = child.key
+            if now is not None:
+                child.last_access_time = now
+                if hit:
+                    child.hit_count += 1
+            pos += len(ck)
+            node = child
+        return node, pos, None
+
     def match_len(self, key: bytes) -> int:
         """Cached tokens of ``key``: a peek that changes nothing (for schedulers)."""
-        node, pos, n, pb = self.root, 0, len(key), self._pb
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            ck = child.key
-            if key.startswith(ck, pos):
-                pos += len(ck)
-                node = child
-                continue
-            return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
-        return pos // TOKEN_BYTES
+        _, pos, part = self._walk(key, self.root, 0, False)
+        if part is None:
+            return pos // TOKEN_BYTES
+        return pos // TOKEN_BYTES + self._lcp(part.key, key[pos:pos + len(part.key)])
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(id, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
+        """(place, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
         included: ``match_len`` tells where in it the match ends)."""
-        node, pos, n, pb, path = self.root, 0, len(key), self._pb, []
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            path.append((child.id, child.depth))
-            if not key.startswith(child.key, pos):
-                break
-            pos += len(child.key)
-            node = child
+        path: list[tuple[int, int]] = []
+        self._walk(key, self.root, 0, False, path=path)
         return path
 
     def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
@@ -118,21 +138,7 @@ class RadixCache:
 
         Returns the matched length and the last matched node (lock it while the request runs).
         """
-        node, pos, n, pb = self.root, 0, len(key), self._pb
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            ck = child.key
-            if not key.startswith(ck, pos):
-                m = self._lcp(ck, key[pos:pos + len(ck)])
-                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
-                child = self._split(child, m, layout)
-                ck = child.key
-            child.last_access_time = now
-            child.hit_count += 1
-            pos += len(ck)
-            node = child
+        node, pos, _ = self._walk(key, self.root, 0, True, now, True, layout)
         return pos // TOKEN_BYTES, node
 
     # ---------------------------------------------------------------- insertion
@@ -143,32 +149,20 @@ class RadixCache:
         ``start``: a node on the key's path that the caller keeps locked (a request's own cached prefix, so
         nothing above it can be evicted). Its path is refreshed through parent links and tokens are compared
         only below it, with the same result as a walk from the root."""
-        pb = self._pb
-        n = len(key) - len(key) % pb
+        n = len(key) - len(key) % self._pb
         key = key[:n]
-        node, pos, added = self.root, 0, 0
+        node, pos = self.root, 0
         if start is not None:
             node, pos = start, start.depth * TOKEN_BYTES
             while start is not self.root:
                 start.last_access_time = now
                 start = start.parent
-        while pos < n:
-            first = key[pos:pos + pb]
-            child = node.children.get(first)
-            if child is None:
-                cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
-                node = self._new_branch(node, key, pos, cuts, now)
-                added = (n - pos) // TOKEN_BYTES
-                break
-            ck = child.key
-            if not key.startswith(ck, pos):
-                m = self._lcp(ck, key[pos:pos + len(ck)])
-                child.last_access_time = now  # SGLang stamps the child before it splits: both parts are touched
-                child = self._split(child, m, layout)
-                ck = child.key
-            child.last_access_time = now
-            pos += len(ck)
-            node = child
+        node, pos, _ = self._walk(key, node, pos, True, now, False, layout)
+        added = 0
+        if pos < n:  # the rest of the key is new
+            cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
+            node = self._new_branch(node, key, pos, cuts, now)
+            added = (n - pos) // TOKEN_BYTES
         node.last_access_time = now
         return added, node
 
@@ -200,9 +194,9 @@ class RadixCache:
         parent = child.parent
         depth = child.depth - child.length + m
         kind, seg = owner(layout, depth) if layout else (child.kind, child.seg_id)
-        upper = Node(child.id, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
-        # the upper part keeps the place (id) and is the newer object (serial); the lower part gets a new id
-        upper.serial = child.id = self._next_id
+        upper = Node(child.place, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
+        # the upper part takes over the place and is the newer object; the lower part moves to a new place
+        upper.serial = child.place = self._next_id
         self._next_id += 1
         self.resident.add(kind, seg)
         upper.lock_ref = child.lock_ref

@@ -91,7 +91,7 @@ def test_dart_without_hints_evicts_exactly_as_lru(reqs, capacity):
             over = cache.size - capacity
             if over > 0:
                 policies[name].prepare(cache)
-                cache.evict(over, policies[name].key, lambda n, name=name: evicted[name].append(n.id))
+                cache.evict(over, policies[name].key, lambda n, name=name: evicted[name].append(n.serial))
     assert evicted["lru"] == evicted["dart"]
 
 
