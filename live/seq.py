@@ -14,7 +14,7 @@ from array import array
 
 import numpy as np
 
-from prism.core import PRIV, REUSE, SYS, TOKEN_DTYPE, Segment, layout
+from prism.core import PRIV, TOKEN_DTYPE, Segment, layout, realigned
 
 
 def _ids(req) -> np.ndarray:
@@ -81,17 +81,10 @@ class LiveSeq:
         """Put the reusable segments in ``skeleton`` order and rewrite the prompt's tokens; True if it moved."""
         if skeleton is None or not self.movable():
             return False
-        head, reuse, tail = [], {}, []
-        for s in self.segments:
-            if s.kind == REUSE:
-                reuse[s.id] = s
-            else:
-                (head if s.kind == SYS else tail).append(s)
-        if tuple(reuse) == tuple(skeleton):
+        segments = realigned(self.segments, skeleton, self.id)
+        if segments is None:
             return False
-        if len(skeleton) != len(reuse) or reuse.keys() != set(skeleton):
-            raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
-        self.segments = (*head, *map(reuse.__getitem__, skeleton), *tail)
+        self.segments = segments
         tokens = np.concatenate([s.tokens for s in self.segments])
         self._key = tokens.tobytes()
         self._layout = None

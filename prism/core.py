@@ -192,6 +192,22 @@ class Request:
         return serialize(self.segments)
 
 
+def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: int) -> tuple[Segment, ...] | None:
+    """The prompt with its reusable segments in ``skeleton`` order (the system prompt stays first, private
+    segments last), or None if that is the order it has. Both engines apply a scheduler's realignment so."""
+    head, reuse, tail = [], {}, []
+    for s in segments:
+        if s.kind == REUSE:
+            reuse[s.id] = s
+        else:
+            (head if s.kind == SYS else tail).append(s)
+    if tuple(reuse) == tuple(skeleton):
+        return None
+    if len(skeleton) != len(reuse) or reuse.keys() != set(skeleton):
+        raise ValueError(f"request {request_id}: realignment must permute its reusable segments")
+    return (*head, *map(reuse.__getitem__, skeleton), *tail)
+
+
 def serialize(segments: Iterable[Segment]) -> np.ndarray:
     """The prompt's token ids: segment tokens concatenated in the given order."""
     parts = [s.tokens for s in segments]

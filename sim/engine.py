@@ -24,7 +24,7 @@ from typing import Callable
 import simpy
 
 from prism.calibration.cost_model import CostModel
-from prism.core import PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
+from prism.core import realigned, PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
@@ -79,17 +79,10 @@ class Seq:
         The system prompt stays first and private segments last; ``fixed_order`` prompts never move."""
         if skeleton is None or self.fixed_order:
             return False
-        head, reuse, tail = [], {}, []
-        for s in self.segments:
-            if s.kind == REUSE:
-                reuse[s.id] = s
-            else:
-                (head if s.kind == SYS else tail).append(s)
-        if tuple(reuse) == tuple(skeleton):
+        segments = realigned(self.segments, skeleton, self.id)
+        if segments is None:
             return False
-        if len(skeleton) != len(reuse) or reuse.keys() != set(skeleton):
-            raise ValueError(f"request {self.id}: realignment must permute its reusable segments")
-        self.set_segments((*head, *map(reuse.__getitem__, skeleton), *tail))
+        self.set_segments(segments)
         self.realigned = True
         return True
 
