@@ -95,7 +95,7 @@ class RequestTable:
         self.arrival = np.zeros(64)
         self.request_id = np.zeros(64, dtype=np.int64)
         self.width = 1  # columns in use: 1 + the most reusable segments of a row
-        self.prompts = Prompts(self.segments, self.n_reusable, self.fixed_order, self.width)  # what kernels read
+        self.prompts = self._prompts()
         self.rows_in_fifo_order = True  # rows were registered in (arrival, id) order
         self._expected: tuple[Sequence[WaitingRequest], np.ndarray] = ((), np.zeros(0, dtype=np.int64))
         self._last_registered = (-np.inf, -1)  # (arrival, id) of the last registered request
@@ -149,7 +149,11 @@ class RequestTable:
         self.request_id[n0:n1] = ids
         self.row_of.update(zip(ids, range(n0, n1)))
         self.n_rows, self.width = n1, width
-        self.prompts = Prompts(self.segments, self.n_reusable, self.fixed_order, self.width)
+        self.prompts = self._prompts()
+
+    def _prompts(self) -> tuple:
+        """What the kernels read: the table as a plain tuple of Prompts' fields (see ``policies.qas_round``)."""
+        return tuple(Prompts(self.segments, self.n_reusable, self.fixed_order, self.width))
 
     def expect(self, requests: Sequence[WaitingRequest], rows: np.ndarray) -> None:
         """Note the queue expected next (and its rows): the last order, minus what a dispatch took."""
@@ -195,6 +199,7 @@ class QAS(Scheduler):
         self.config = cfg = config or QASConfig()
         self.params = Params(cfg.w_a, cfg.w_n, cfg.w_g, cfg.f_front, cfg.kappa, cfg.alpha_size, cfg.beta_util,
                              cfg.q_cold)
+        self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
         self.table = RequestTable()
         self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index
         self._planned: _Planned | None = None  # the last plan, until its dispatch
@@ -240,8 +245,8 @@ class QAS(Scheduler):
         n_segments = len(table.segment_names)
         next_batch = np.zeros(n_segments)  # segments first seen in this round have none
         next_batch[:len(self._next_batch)] = self._next_batch[:n_segments]
-        rnd = plan_round(table.prompts, self.params, queued, table.age_key(queued), self._active(ctx, n_segments),
-                         next_batch, ctx.batch_hint or len(waiting))
+        rnd = plan_round(table.prompts, self._kernel_params, queued, table.age_key(queued),
+                         self._active(ctx, n_segments), next_batch, ctx.batch_hint or len(waiting))
         order = [waiting[p] for p in rnd.order.tolist()]
         self._planned = _Planned(order, queued[rnd.order], rnd.base)
         table.expect(order, self._planned.order_rows)

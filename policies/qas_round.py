@@ -13,8 +13,10 @@ three passes over the queued rows, O(S) in queued segment occurrences S:
 3. buckets, their scores and the admission order: the cold lane, then the buckets by descending score.
 
 Inputs and outputs are named tuples (:class:`Prompts`, :class:`Params`, :class:`Round`,
-:class:`Dispatch`), which numba passes as structs; Python calls a kernel once per round, once per dispatch
-and once per admitted request's alignment (a call's fixed cost is a few percent of a small round).
+:class:`Dispatch`), which numba passes as structs. Python calls a kernel once per round, once per dispatch
+and once per admitted request's alignment, and a call's fixed cost is a few percent of a small round: so
+the entry points take Prompts and Params as plain tuples of their fields (``tuple(Prompts(...))``) and name
+them first thing, because numba types a plain tuple in C but a named one in Python (a microsecond more).
 
 Choices. The FIFO order and the buckets come from counting sorts (age keys and bucket numbers are small
 dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment, the lanes
@@ -162,6 +164,7 @@ def _aligned_top(prompts, rows, prio, k, f_front):
 @njit(cache=True)
 def aligned_row(prompts, r, prio, f_front):
     """Row r's aligned order (segment indices) and whether it differs from the prompt's."""
+    prompts = Prompts(*prompts)
     m = prompts.n_reusable[r]
     out = _aligned_top(prompts, np.array([r]), prio, m, f_front)[0]
     moved = False
@@ -294,6 +297,7 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
     requests form a bucket's provisional batch. A bucket's utility U(b) is the mean over its distinct
     reusable segments of P(r; its provisional batch), its score alpha_size·|b| + beta_util·U(b).
     """
+    prompts, params = Prompts(*prompts), Params(*params)
     base = params.w_a * active + params.w_g * segment_counts(prompts, queued, active.shape[0])
     prio = priority(base, next_batch, params.w_n)
     signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
@@ -307,6 +311,7 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
     """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: what is remaining of the
     order, the next batch (the first ``len(taken)`` rows remaining) and the published P̂ = P(r; taken), over
     ``n_segments`` segments (those first seen after the round have no base)."""
+    prompts = Prompts(*prompts)
     base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
     is_taken = np.zeros(prompts.segments.shape[0], np.bool_)
     is_taken[taken] = True
