@@ -26,11 +26,13 @@ such a scan compiles to tight code where an insertion sort per request branches 
 all-pairs work. Kernels take whole arrays and loop over rows inside: a compiled call per row would pay for
 passing its arrays each time.
 
-Cost. Compiled, the round's time is its O(S) work; written as numpy array operations it was a few dozen
-array calls whose fixed costs, not the work, set the time at the queue sizes an engine sees (hundreds).
-Every float is computed with the same operations, in the same order per element, as the formulas state
-them; sums of distinct terms (bucket utilities) may add in another order, which is exact for the default
-integer weights."""
+Cost. Compiled, a round's time is its O(S) work. Loops, not numpy array operations: at the queue sizes an
+engine sees (hundreds of requests) an array operation's fixed cost exceeds its work, and a round needs
+dozens of them. A round also pays a few microseconds to call its kernel and box its result.
+
+Every float is computed with the same operations, in the same order per element, as the formulas state them;
+sums of distinct terms (bucket utilities) may add in another order, which is exact for the default integer
+weights."""
 
 from __future__ import annotations
 
