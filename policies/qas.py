@@ -46,7 +46,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -56,9 +55,6 @@ from prism.core import PRIV, REUSE
 
 from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.qas_round import Params, Prompts, Round, aligned_row, changes, dispatch, plan_round
-
-
-_ID = attrgetter("id")
 
 
 @dataclass
@@ -170,11 +166,13 @@ class RequestTable:
         return self._lookup(requests)
 
     def _lookup(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
-        rows = list(map(self.row_of.get, map(_ID, requests)))
-        if None in rows:
-            self.add([r for r, i in zip(requests, rows) if i is None])
-            rows = list(map(self.row_of.__getitem__, map(_ID, requests)))
-        return np.array(rows, dtype=np.int64)
+        get = self.row_of.get
+        rows = np.fromiter([get(r.id, -1) for r in requests], np.int64, len(requests))
+        if (rows < 0).any():
+            self.add([r for r, i in zip(requests, rows.tolist()) if i < 0])
+            get = self.row_of.__getitem__
+            rows = np.fromiter([get(r.id) for r in requests], np.int64, len(requests))
+        return rows
 
     def age_key(self, rows: np.ndarray) -> np.ndarray:
         """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
