@@ -167,12 +167,11 @@ class RequestTable:
 
     def _lookup(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
         get = self.row_of.get
-        rows = np.fromiter([get(r.id, -1) for r in requests], np.int64, len(requests))
-        if (rows < 0).any():
-            self.add([r for r, i in zip(requests, rows.tolist()) if i < 0])
-            get = self.row_of.__getitem__
-            rows = np.fromiter([get(r.id) for r in requests], np.int64, len(requests))
-        return rows
+        rows = [get(r.id, -1) for r in requests]
+        if -1 in rows:
+            self.add([r for r, i in zip(requests, rows) if i < 0])
+            rows = [get(r.id) for r in requests]
+        return np.fromiter(rows, np.int64, len(rows))
 
     def age_key(self, rows: np.ndarray) -> np.ndarray:
         """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
