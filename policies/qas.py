@@ -262,7 +262,10 @@ class QAS(Scheduler):
         out = dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
                        len(self.table.segment_names))
         self._next_batch = out.next_batch
-        self.table.expect([planned.order[p] for p in out.remaining.tolist()], planned.order_rows[out.remaining])
+        remaining = list(planned.order)
+        for p in reversed(out.taken_positions.tolist()):
+            del remaining[p]
+        self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
             self._publish(ctx.hints, out.published)
 

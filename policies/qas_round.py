@@ -80,7 +80,8 @@ class Round(NamedTuple):
 class Dispatch(NamedTuple):
     """What a dispatch leaves for the next round and for eviction."""
 
-    remaining: np.ndarray  # the positions in the order that were not taken, in order
+    taken_positions: np.ndarray  # where the order was taken, ascending
+    remaining_rows: np.ndarray  # the order's other rows, in order
     next_batch: np.ndarray  # per segment: n(r) over the requests that now head the order
     published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
 
@@ -310,22 +311,26 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
 
 @njit(cache=True)
 def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
-    """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: what is remaining of the
-    order, the next batch (the first ``len(taken)`` rows remaining) and the published P̂ = P(r; taken), over
-    ``n_segments`` segments (those first seen after the round have no base)."""
+    """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
+    taken, the rows that remain, the next batch (the first ``len(taken)`` of them) and the published
+    P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base)."""
     prompts = Prompts(*prompts)
     base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
     is_taken = np.zeros(prompts.segments.shape[0], np.bool_)
     is_taken[taken] = True
-    remaining = np.empty(order_rows.shape[0], np.int64)
-    k = 0
+    taken_positions = np.empty(order_rows.shape[0], np.int64)
+    remaining_rows = np.empty(order_rows.shape[0], np.int64)
+    t = k = 0
     for p in range(order_rows.shape[0]):
-        if not is_taken[order_rows[p]]:
-            remaining[k] = p
+        if is_taken[order_rows[p]]:
+            taken_positions[t] = p
+            t += 1
+        else:
+            remaining_rows[k] = order_rows[p]
             k += 1
-    remaining = remaining[:k]
-    next_batch = order_rows[remaining[:taken.shape[0]]]
-    return Dispatch(remaining, segment_counts(prompts, next_batch, n_segments),
+    remaining_rows = remaining_rows[:k]
+    return Dispatch(taken_positions[:t], remaining_rows,
+                    segment_counts(prompts, remaining_rows[:taken.shape[0]], n_segments),
                     priority(base, segment_counts(prompts, taken, n_segments), w_n))
 
 
