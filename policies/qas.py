@@ -30,13 +30,15 @@ Choices the design leaves open, made here:
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
-Cost per round: O(S) in queued segment occurrences S, in three compiled passes over the queue
-(``policies.qas_round``): counters and priorities; signatures; buckets, scores and lanes. Buckets and the FIFO
-order come from counting sorts (rows are numbered in FIFO order), bucket ranking from a sort of the buckets;
-no all-pairs work. Front alignment (a sort of one request's few segments) runs only for the requests the
-engine admits. Per request, QAS keeps its segment indices in a matrix row registered once, on the request's
-first round; an engine's queue is matched to rows by looking up only the requests that arrived since the last
-round.
+Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), in one compiled call
+(``policies.qas_round.plan_round``) of three passes over the queue: counters and priorities; signatures;
+buckets, scores and lanes. Buckets and the FIFO order come from counting sorts (rows are numbered in FIFO
+order), bucket ranking from a sort of the buckets; no all-pairs work. Front alignment (a sort of one
+request's few segments) runs only for the requests the engine admits. Per request, QAS keeps its segment
+indices in a matrix row registered once, on the request's first round. Finding the rows of a queue is a
+lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
+queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
+the part of the queue that matches it.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter, itemgetter
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -53,10 +54,7 @@ from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
 from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
-from prism.policies.qas_round import aligned_row, changes, order_queue, priorities, segment_counts, signatures
-
-
-_ID = attrgetter("id")
+from prism.policies.qas_round import Params, Prompts, Round, aligned_row, changes, dispatch, plan_round
 
 
 @dataclass
@@ -73,7 +71,7 @@ class QASConfig:
                                   "admission front end, one round per window of this many seconds")
 
 
-class _Rows:
+class RequestTable:
     """Each request's segment indices in a growing matrix, registered on first sight.
 
     Column 0 holds the request's system segment (-1 without one), the rest its reusable segments in prompt
@@ -83,32 +81,34 @@ class _Rows:
     """
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}  # segment id -> index, in first-seen order
-        self.names: list[str] = []
-        self.row: dict[int, int] = {}  # request id -> row
-        self.count = 0  # rows registered
-        self.mat = np.full((64, 9), -1, dtype=np.int64)
-        self.length = np.zeros(64, dtype=np.int64)  # reusable segments per row
+        self.segment_index: dict[str, int] = {}  # segment id -> index, in first-seen order
+        self.segment_names: list[str] = []  # index -> segment id
+        self.row_of: dict[int, int] = {}  # request id -> row
+        self.n_rows = 0
+        self.segments = np.full((64, 9), -1, dtype=np.int64)
+        self.n_reusable = np.zeros(64, dtype=np.int64)
+        self.fixed_order = np.zeros(64, dtype=bool)
         self.arrival = np.zeros(64)
-        self.rid = np.zeros(64, dtype=np.int64)
-        self.fixed = np.zeros(64, dtype=bool)
+        self.request_id = np.zeros(64, dtype=np.int64)
         self.width = 1  # columns in use: 1 + the most reusable segments of a row
-        self.fifo_rows = True  # rows were registered in (arrival, id) order
-        self._last_age = (-np.inf, -1)
+        self.prompts = self._prompts()
+        self.rows_in_fifo_order = True  # rows were registered in (arrival, id) order
+        self._expected: tuple[Sequence[WaitingRequest], np.ndarray] = ((), np.zeros(0, dtype=np.int64))
+        self._last_registered = (-np.inf, -1)  # (arrival, id) of the last registered request
 
-    def _seg(self, name: str) -> int:
-        i = self.index.get(name)
+    def _index(self, name: str) -> int:
+        i = self.segment_index.get(name)
         if i is None:
-            i = self.index[name] = len(self.names)
-            self.names.append(name)
+            i = self.segment_index[name] = len(self.segment_names)
+            self.segment_names.append(name)
         return i
 
     def _grow(self, rows: int, cols: int) -> None:
-        n = self.count
-        mat = np.full((rows, cols), -1, dtype=np.int64)
-        mat[:n, :self.mat.shape[1]] = self.mat[:n]
-        self.mat = mat
-        for name in ("length", "arrival", "rid", "fixed"):
+        n = self.n_rows
+        segments = np.full((rows, cols), -1, dtype=np.int64)
+        segments[:n, :self.segments.shape[1]] = self.segments[:n]
+        self.segments = segments
+        for name in ("n_reusable", "fixed_order", "arrival", "request_id"):
             old = getattr(self, name)
             new = np.zeros(rows, dtype=old.dtype)
             new[:n] = old[:n]
@@ -116,163 +116,168 @@ class _Rows:
 
     def add(self, requests: Sequence[WaitingRequest]) -> None:
         """Register requests not seen before, in the given order (one block write for all of them)."""
-        seg, block = self._seg, []
+        index, block = self._index, []
         for r in requests:  # segments numbered as seen: a request's reusable ones, then its system segment
             row, system = [-1], None
             for s in r.segments:
                 kind = s.kind
                 if kind == REUSE:
-                    row.append(seg(s.id))
+                    row.append(index(s.id))
                 elif kind != PRIV and system is None:
                     system = s.id
             if system is not None:
-                row[0] = seg(system)
+                row[0] = index(system)
             block.append(row)
             age = (r.arrival, r.id)
-            if age < self._last_age:
-                self.fifo_rows = False
-            self._last_age = age
-        n0, n1 = self.count, self.count + len(block)
+            if age < self._last_registered:
+                self.rows_in_fifo_order = False
+            self._last_registered = age
+        n0, n1 = self.n_rows, self.n_rows + len(block)
         width = max([self.width, *map(len, block)])
-        capacity, cols = self.mat.shape
+        capacity, cols = self.segments.shape
         if n1 > capacity or width > cols:
             self._grow(max(n1, 2 * capacity), max(cols, width))
-        self.mat[n0:n1, :width] = [row + [-1] * (width - len(row)) for row in block]
-        self.length[n0:n1] = [len(row) - 1 for row in block]
+        self.segments[n0:n1, :width] = [row + [-1] * (width - len(row)) for row in block]
+        self.n_reusable[n0:n1] = [len(row) - 1 for row in block]
+        self.fixed_order[n0:n1] = [r.fixed_order for r in requests]
         self.arrival[n0:n1] = [r.arrival for r in requests]
         ids = [r.id for r in requests]
-        self.rid[n0:n1] = ids
-        self.fixed[n0:n1] = [r.fixed_order for r in requests]
-        self.row.update(zip(ids, range(n0, n1)))
-        self.count, self.width = n1, width
+        self.request_id[n0:n1] = ids
+        self.row_of.update(zip(ids, range(n0, n1)))
+        self.n_rows, self.width = n1, width
+        self.prompts = self._prompts()
 
-    def rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
-        rows = list(map(self.row.get, map(_ID, waiting)))
-        if None in rows:
-            self.add([r for r, i in zip(waiting, rows) if i is None])
-            rows = list(map(self.row.__getitem__, map(_ID, waiting)))
-        return np.array(rows, dtype=np.int64)
+    def _prompts(self) -> tuple:
+        """What the kernels read: the table as a plain tuple of Prompts' fields (see ``policies.qas_round``)."""
+        return tuple(Prompts(self.segments, self.n_reusable, self.fixed_order, self.width))
 
-    def counts(self, rows: np.ndarray, size: int) -> np.ndarray:
-        """Per segment: how many of these requests contain it (reusable and system segments)."""
-        return segment_counts(self.mat, rows, self.width, size)
+    def expect(self, requests: Sequence[WaitingRequest], rows: np.ndarray) -> None:
+        """Note the queue expected next (and its rows): the last order, minus what a dispatch took."""
+        self._expected = (requests, rows)
 
-    def fifo(self, rows: np.ndarray) -> np.ndarray:
+    def rows(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
+        """The requests' rows, registering those not seen before. A queue that starts with the expected one
+        (an engine's queue: the requests it did not admit, in the order QAS gave, then arrivals) is looked
+        up only past it: a comparison of the same objects costs a fraction of a lookup."""
+        expected, rows = self._expected
+        m = len(expected)
+        if m and len(requests) >= m and requests[:m] == expected:
+            return np.concatenate((rows, self._lookup(requests[m:])))
+        return self._lookup(requests)
+
+    def _lookup(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
+        get = self.row_of.get
+        rows = [get(r.id, -1) for r in requests]
+        if -1 in rows:
+            self.add([r for r, i in zip(requests, rows) if i < 0])
+            rows = [get(r.id) for r in requests]
+        return np.fromiter(rows, np.int64, len(rows))
+
+    def age_key(self, rows: np.ndarray) -> np.ndarray:
         """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
         in that order, else each row's position in the sorted queue."""
-        if self.fifo_rows:
+        if self.rows_in_fifo_order:
             return rows
         pos = np.empty(len(rows), dtype=np.int64)
-        pos[np.lexsort((self.rid[rows], self.arrival[rows]))] = np.arange(len(rows))
+        pos[np.lexsort((self.request_id[rows], self.arrival[rows]))] = np.arange(len(rows))
         return pos
+
+
+class _Planned(NamedTuple):
+    """What a plan leaves for its dispatch."""
+
+    order: list  # the queued requests in the plan's order
+    order_rows: np.ndarray  # their rows
+    base: np.ndarray  # per segment: w_a·a + w_g·g of the round, P without the batch term
 
 
 class QAS(Scheduler):
     def __init__(self, config: QASConfig | None = None) -> None:
-        self.config = config or QASConfig()
-        self.rows = _Rows()
-        self._next = np.zeros(0)  # n(r) over the predicted next batch, by segment index
-        self._base: np.ndarray | None = None  # the last plan's w_a·a + w_g·g, until its dispatch publishes P̂
-        self._last: tuple | None = None
-        self._queue: tuple[list, np.ndarray] | None = None  # the last order (minus any admitted head), its rows
-        self._published = np.zeros(0)  # the last published P̂, by segment index, and as the dict DART reads
-        self._published_dict: dict[str, float] = {}
+        self.config = cfg = config or QASConfig()
+        self.params = Params(cfg.w_a, cfg.w_n, cfg.w_g, cfg.f_front, cfg.kappa, cfg.alpha_size, cfg.beta_util,
+                             cfg.q_cold)
+        self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
+        self.table = RequestTable()
+        self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index
+        self._planned: _Planned | None = None  # the last plan, until its dispatch
+        self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
+        self._published = np.zeros(0)  # the last published P̂, by segment index
+        self._published_by_name: dict[str, float] = {}  # the same, as the mapping DART reads
         self.counters: Counter = Counter()
 
     @property
     def last(self) -> dict | None:
         """The last round's priorities (segment -> P) and buckets ((request ids...), score), built on demand
         for inspection and tests, so that rounds pay nothing for it."""
-        if self._last is None:
+        if self._last_round is None:
             return None
-        waiting, prio, grouped, starts, size, score = self._last
-        names = self.rows.names
-        return {"priority": {names[i]: float(prio[i]) for i in np.flatnonzero(prio)},
-                "buckets": [(tuple(waiting[i].id for i in grouped[s:s + k]), float(score[b]))
-                            for b, (s, k) in enumerate(zip(starts.tolist(), size.tolist()))]}
+        waiting, rnd = self._last_round
+        names = self.table.segment_names
+        return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
+                "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
+                            for s, k, score in zip(rnd.bucket_start.tolist(), rnd.bucket_size.tolist(),
+                                                   rnd.bucket_score.tolist())]}
 
     @property
     def next_counter(self) -> Counter:
-        names = self.rows.names
-        return Counter({names[i]: int(c) for i, c in enumerate(self._next) if c})
+        names = self.table.segment_names
+        return Counter({names[i]: int(c) for i, c in enumerate(self._next_batch) if c})
 
-    def _active(self, ctx: SchedContext, size: int) -> np.ndarray:
+    def _active(self, ctx: SchedContext, n_segments: int) -> np.ndarray:
         """a(r) by segment index, from the engine's active counter."""
-        a = np.zeros(size)
+        a = np.zeros(n_segments)
         active = ctx.hints.active if ctx.hints is not None else None
         if active:
-            idx = np.fromiter(map(self.rows.index.get, active, repeat(-1)), np.int64, len(active))
+            idx = np.fromiter(map(self.table.segment_index.get, active, repeat(-1)), np.int64, len(active))
             known = idx >= 0
             a[idx[known]] = np.fromiter(active.values(), float, len(active))[known]
         return a
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
-        cfg, rows_ = self.config, self.rows
-        n = len(waiting)
-        if n == 0:
+        if not waiting:
             return Plan([])
-        rows = self._rows_of(waiting)
-        V, width = len(rows_.names), rows_.width
-        fifo = rows_.fifo(rows)
-        nxt = np.zeros(V)
-        nxt[:len(self._next)] = self._next[:V]
-        # 1. counters and priorities
-        base, prio = priorities(rows_.mat, rows, width, self._active(ctx, V), nxt, cfg.w_a, cfg.w_n, cfg.w_g)
-        # 2. signatures: the top-kappa reusable segments (in aligned order)
-        sig = signatures(rows_.mat, rows, rows_.length, rows_.fixed, prio, cfg.f_front, cfg.kappa)
-        sig = sig[:, 0] if cfg.kappa == 1 else np.unique(sig, axis=0, return_inverse=True)[1].ravel()
-        # 3.-4. buckets, scores, cold and hot lanes
-        order_pos, cold, grouped, starts, size, score = order_queue(
-            rows_.mat, rows, width, fifo, rows_.length, sig, base, cfg.w_n, cfg.alpha_size, cfg.beta_util,
-            ctx.batch_hint or n, cfg.q_cold)
-        order = list(_pick(waiting, order_pos))
-
-        self._base = base
-        self._queue = (order, rows[order_pos])
-        self._last = (waiting, prio, grouped, starts, size, score)  # references only: `last` builds views
+        cfg, table = self.config, self.table
+        queued = table.rows(waiting)
+        n_segments = len(table.segment_names)
+        next_batch = np.zeros(n_segments)  # segments first seen in this round have none
+        next_batch[:len(self._next_batch)] = self._next_batch[:n_segments]
+        rnd = plan_round(table.prompts, self._kernel_params, queued, table.age_key(queued),
+                         self._active(ctx, n_segments), next_batch, ctx.batch_hint or len(waiting))
+        order = [waiting[p] for p in rnd.order.tolist()]
+        self._planned = _Planned(order, queued[rnd.order], rnd.base)
+        table.expect(order, self._planned.order_rows)
+        self._last_round = (waiting, rnd)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
-        self.counters["qas_buckets"] += len(starts)
-        return Plan(order, _Alignment(rows_, rows, prio, cfg.f_front),
-                    lanes=dict.fromkeys(rows_.rid[rows[cold]].tolist(), "cold"))
-
-    def _rows_of(self, waiting: Sequence[WaitingRequest]) -> np.ndarray:
-        """Rows of the waiting requests. An engine's queue is what the last round left (its order minus the
-        admitted head) followed by new arrivals: then only the arrivals are looked up."""
-        if self._queue is not None:
-            known, rows = self._queue
-            m = len(known)
-            if len(waiting) >= m and waiting[:m] == known:  # a C-level pass: the same objects, in order
-                return np.concatenate([rows, self.rows.rows_of(waiting[m:])]) if len(waiting) > m else rows
-        return self.rows.rows_of(waiting)
+        self.counters["qas_buckets"] += len(rnd.bucket_size)
+        cold = table.request_id[queued[rnd.cold]]
+        return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front),
+                    lanes=dict.fromkeys(cold.tolist(), "cold"))
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
-        cfg, rows_ = self.config, self.rows
-        if self._base is None or self._queue is None:
+        planned, self._planned = self._planned, None
+        if planned is None:
             return
-        V, k = len(rows_.names), len(admitted)
-        order, order_rows = self._queue
-        if admitted == order[:k]:  # the engine admitted the head of the order, as it does (a C-level pass)
-            taken, rest = order_rows[:k], order_rows[k:2 * k]
-            self._queue = (order[k:], order_rows[k:])
-        else:
-            taken = rows_.rows_of(admitted)
-            rest = order_rows[~np.isin(order_rows, taken)][:k]
-            self._queue = None
-        self._next = rows_.counts(rest, V)
+        taken = self.table.rows(admitted)
+        out = dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
+                       len(self.table.segment_names))
+        self._next_batch = out.next_batch
+        remaining = list(planned.order)
+        for p in reversed(out.taken_positions.tolist()):
+            del remaining[p]
+        self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
-            self._publish(ctx.hints, self._base + cfg.w_n * rows_.counts(taken, V))
-        self._base = None
+            self._publish(ctx.hints, out.published)
 
     def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
         up, gone = changes(published, self._published)
-        out, names = self._published_dict, self.rows.names
-        out.update(zip(_pick(names, up), published[up].tolist()))
-        for name in _pick(names, gone):
-            del out[name]
+        out, names = self._published_by_name, self.table.segment_names
+        out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
+        for i in gone.tolist():
+            del out[names[i]]
         self._published = published
         hints.publish(out)
 
@@ -280,30 +285,26 @@ class QAS(Scheduler):
         return dict(self.counters)
 
 
-def _pick(items: Sequence, index: np.ndarray) -> Sequence:
-    """``items`` at these indices, in one C-level pass."""
-    return itemgetter(*index.tolist())(items) if len(index) > 1 else [items[i] for i in index.tolist()]
-
-
 class _Alignment(Mapping):
     """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
     Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
 
-    def __init__(self, rows: _Rows, queued: np.ndarray, prio: np.ndarray, f_front: int) -> None:
-        self._rows, self._queued, self._prio, self._f = rows, queued, prio, f_front
-        self._pos = np.full(rows.count, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
-        self._pos[queued] = np.arange(len(queued))
+    def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int) -> None:
+        self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
+        self._position = np.full(table.n_rows, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
+        self._position[queued] = np.arange(len(queued))
 
     def get(self, rid: int, default=None):
         """The engine's call, once per admitted request (no exception for the many that keep their order)."""
-        rows = self._rows
-        row = rows.row.get(rid, len(self._pos))  # a request registered after this round: not queued
-        if row >= len(self._pos) or self._pos[row] < 0:
+        table = self._table
+        row = table.row_of.get(rid, len(self._position))  # a request registered after this round: not queued
+        if row >= len(self._position) or self._position[row] < 0:
             return default
-        out, moved = aligned_row(rows.mat, row, rows.length, rows.fixed, self._prio, self._f)
+        out, moved = aligned_row(table.prompts, row, self._priority, self._f_front)
         if not moved:
             return default
-        return tuple(_pick(rows.names, out))
+        names = table.segment_names
+        return tuple([names[i] for i in out.tolist()])
 
     def __getitem__(self, rid: int) -> tuple[str, ...]:
         out = self.get(rid)
@@ -312,7 +313,7 @@ class _Alignment(Mapping):
         return out
 
     def __iter__(self):
-        return (rid for rid in self._rows.rid[self._queued].tolist() if rid in self)
+        return (rid for rid in self._table.request_id[self._queued].tolist() if rid in self)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -1,44 +1,109 @@
-"""A QAS round as compiled loops: counters and priorities, signatures, then buckets, scores and lanes; the
-front alignment of one request; and what changed between two publications of P̂.
+"""A QAS round as compiled loops (numba, cached on disk): the round itself, what a dispatch publishes, and the
+front alignment of one request.
 
-Why compiled: a round reads every queued segment occurrence once (O(S)), but written as numpy array
-operations it took about fifty of them, and at the queue sizes an engine sees (hundreds of requests) their
-fixed costs, not the work, set the round's time; in the simulator those rounds were most of what QAS cost.
-Here each pass is plain loops that numba compiles on first use and caches on disk. The loops also replace
-sorts by counting where the data allows: the FIFO order and the buckets come from counting sorts, distinct
-(bucket, segment) pairs from a marker per segment, and the lanes are read off the buckets in score order.
+Model. The kernels read QAS's request table as a :class:`Prompts`: one row per registered request, column 0
+its system segment, then its reusable segments in prompt order, -1 padded; segments are numbered in
+first-seen order, which is also the tie-break between equal priorities. A round (:func:`plan_round`) is
+three passes over the queued rows, O(S) in queued segment occurrences S:
 
-The inputs are QAS's request matrix (``policies.qas._Rows``): one row per request, column 0 its system
-segment, then its reusable segments in prompt order, -1 padded; segments are numbered in first-seen order.
-Every float is computed with the same operations, in the same order per element, as the formulas in
-``policies.qas`` state them; sums of distinct terms (bucket utilities) may add in another order, which is
-exact for the default integer weights."""
+1. counters and priorities: g(r) counted over the queue; ``base`` = w_a·a + w_g·g, the part of P that no
+   batch changes; P(r; next batch) = :func:`priority` of it;
+2. signatures: each request's top-kappa reusable segments in its aligned order; requests with equal
+   signatures share a bucket;
+3. buckets, their scores and the admission order: the cold lane, then the buckets by descending score.
+
+Inputs and outputs are named tuples (:class:`Prompts`, :class:`Params`, :class:`Round`,
+:class:`Dispatch`), which numba passes as structs. Python calls a kernel once per round, once per dispatch
+and once per admitted request's alignment, and a call's fixed cost is a few percent of a small round: so
+the entry points take Prompts and Params as plain tuples of their fields (``tuple(Prompts(...))``) and name
+them first thing, because numba types a plain tuple in C but a named one in Python (a microsecond more).
+
+Choices. The FIFO order and the buckets come from counting sorts (age keys and bucket numbers are small
+dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment, the lanes
+are read off the buckets in score order, and a request's top-kappa segments from kappa passes over the
+queue, each picking every request's next best segment with a plain scan of its row (a handful of segments;
+such a scan compiles to tight code where an insertion sort per request branches on every comparison). No
+all-pairs work. Kernels take whole arrays and loop over rows inside: a compiled call per row would pay for
+passing its arrays each time.
+
+Cost. Compiled, a round's time is its O(S) work. Loops, not numpy array operations: at the queue sizes an
+engine sees (hundreds of requests) an array operation's fixed cost exceeds its work, and a round needs
+dozens of them. A round also pays a few microseconds to call its kernel and box its result.
+
+Every float is computed with the same operations, in the same order per element, as the formulas state them;
+sums of distinct terms (bucket utilities) may add in another order, which is exact for the default integer
+weights."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 
+class Prompts(NamedTuple):
+    """The registered requests' segments (``policies.qas.RequestTable`` keeps them)."""
+
+    segments: np.ndarray  # int64 (rows, columns): system segment, then reusable ones in prompt order; -1 pads
+    n_reusable: np.ndarray  # int64 per row: its reusable segments, columns 1..n_reusable
+    fixed_order: np.ndarray  # bool per row: the reusable segments keep their order
+    width: int  # columns in use
+
+
+class Params(NamedTuple):
+    """QASConfig's numbers, as the kernels read them."""
+
+    w_a: float
+    w_n: float
+    w_g: float
+    f_front: int
+    kappa: int
+    alpha_size: float
+    beta_util: float
+    q_cold: int
+
+
+class Round(NamedTuple):
+    """One round's result. Positions index the queue as the round was given it."""
+
+    base: np.ndarray  # per segment: w_a·a + w_g·g
+    priority: np.ndarray  # per segment: P(r; the predicted next batch)
+    order: np.ndarray  # queue positions in admission order
+    cold: np.ndarray  # the cold lane's queue positions, oldest first
+    grouped: np.ndarray  # queue positions grouped by bucket, FIFO inside
+    bucket_start: np.ndarray  # per bucket: where its members start in ``grouped``
+    bucket_size: np.ndarray
+    bucket_score: np.ndarray
+
+
+class Dispatch(NamedTuple):
+    """What a dispatch leaves for the next round and for eviction."""
+
+    taken_positions: np.ndarray  # where the order was taken, ascending
+    remaining_rows: np.ndarray  # the order's other rows, in order
+    next_batch: np.ndarray  # per segment: n(r) over the requests that now head the order
+    published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
+
+
 @njit(cache=True)
-def segment_counts(mat, rows, width, size):
-    """Per segment (``size`` of them): how many of these rows contain it, system and reusable segments."""
-    count = np.zeros(size)
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for c in range(width):
-            s = mat[r, c]
+def priority(base, in_batch, w_n):
+    """P(r; B) = w_a·a(r) + w_n·n(r; B) + w_g·g(r), given ``base`` = w_a·a + w_g·g and ``in_batch`` = n(r; B).
+    Linear, so it also gives a sum of priorities from the sums of the counters."""
+    return base + w_n * in_batch
+
+
+@njit(cache=True)
+def segment_counts(prompts, rows, n_segments):
+    """Per segment: how many of these rows contain it, system and reusable segments."""
+    count = np.zeros(n_segments)
+    segments = prompts.segments
+    for r in rows:
+        for c in range(prompts.width):
+            s = segments[r, c]
             if s >= 0:
                 count[s] += 1
     return count
-
-
-@njit(cache=True)
-def priorities(mat, rows, width, active, nxt, w_a, w_n, w_g):
-    """Counters and priorities of every known segment: ``(base, prio)``, base = w_a·a + w_g·g (the part of
-    P that does not depend on the reference batch) and prio = base + w_n·n over the predicted next batch."""
-    base = w_a * active + w_g * segment_counts(mat, rows, width, active.shape[0])
-    return base, base + w_n * nxt
 
 
 @njit(cache=True)
@@ -48,166 +113,225 @@ def _before(prio, a, b):
 
 
 @njit(cache=True)
-def _align(mat, r, m, fixed, prio, f, top, out):
-    """Row r's aligned order into ``out[:m]``: its top-f reusable segments first, best first, the others in
-    prompt order (``fixed`` rows, and rows with fewer than two segments, keep theirs). ``top[:m]`` gets the
-    row's segments best first. Returns whether the order changed."""
-    for j in range(m):  # insertion sort: rows are short
-        s = mat[r, 1 + j]
-        k = j
-        while k > 0 and _before(prio, s, top[k - 1]):
-            top[k] = top[k - 1]
-            k -= 1
-        top[k] = s
-    t = 0 if fixed or m < 2 else min(f, m)
-    for j in range(t):
-        out[j] = top[j]
-    k = t
-    for j in range(m):
-        s = mat[r, 1 + j]
-        lead = False
-        for x in range(t):
-            if top[x] == s:
-                lead = True
-        if not lead:
-            out[k] = s
-            k += 1
-    moved = False
-    for j in range(m):
-        if out[j] != mat[r, 1 + j]:
-            moved = True
-    return moved
+def _best_positions(prompts, rows, prio, k):
+    """Where each row's ``k`` best reusable segments stand in it (0: its first), best first; -1 pads rows
+    with fewer. Pass t picks, for every row, the best segment that ranks after its pick of pass t-1 (equal
+    segments by position): a plain scan of the row."""
+    segments = prompts.segments
+    pos = np.full((rows.shape[0], k), -1, np.int64)
+    for t in range(k):
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            m = prompts.n_reusable[r]
+            if t >= m:
+                continue
+            last = pos[i, t - 1] if t > 0 else -1
+            best = -1
+            for j in range(m):
+                s = segments[r, 1 + j]
+                if last >= 0:
+                    p = segments[r, 1 + last]
+                    if not (_before(prio, p, s) or (p == s and last < j)):
+                        continue
+                if best < 0 or _before(prio, s, segments[r, 1 + best]):
+                    best = j
+            pos[i, t] = best
+    return pos
 
 
 @njit(cache=True)
-def aligned_row(mat, r, lengths, fixed, prio, f):
-    """Row r's aligned order (segment indices) and whether it differs from the prompt's: the engine asks
-    only for the requests it admits."""
-    m = lengths[r]
-    top = np.empty(m, np.int64)
-    out = np.empty(m, np.int64)
-    moved = _align(mat, r, m, fixed[r], prio, f, top, out)
+def _aligned_top(prompts, rows, prio, k, f_front):
+    """Each row's ``k`` best reusable segments (all, when it has fewer), listed in its aligned order: -1
+    padded, ``k`` columns. Front alignment moves a row's ``f_front`` best segments to the front, best first,
+    and the others keep their prompt order (fixed-order rows, and rows with fewer than two segments, keep
+    theirs)."""
+    segments = prompts.segments
+    pos = _best_positions(prompts, rows, prio, k)
+    out = np.full((rows.shape[0], k), -1, np.int64)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        m = prompts.n_reusable[r]
+        picked = min(k, m)
+        lead = 0 if prompts.fixed_order[r] or m < 2 else min(f_front, picked)
+        for x in range(lead):
+            out[i, x] = segments[r, 1 + pos[i, x]]
+        q = lead
+        for j in range(m if lead < picked else 0):  # the other picks, in prompt order
+            for x in range(lead, picked):
+                if pos[i, x] == j:
+                    out[i, q] = segments[r, 1 + j]
+                    q += 1
+    return out
+
+
+@njit(cache=True)
+def aligned_row(prompts, r, prio, f_front):
+    """Row r's aligned order (segment indices) and whether it differs from the prompt's."""
+    prompts = Prompts(*prompts)
+    m = prompts.n_reusable[r]
+    out = _aligned_top(prompts, np.array([r]), prio, m, f_front)[0]
+    moved = False
+    for j in range(m):
+        if out[j] != prompts.segments[r, 1 + j]:
+            moved = True
     return out, moved
 
 
 @njit(cache=True)
-def signatures(mat, rows, lengths, fixed, prio, f, kappa):
-    """Each queued request's top-kappa reusable segments, listed in its aligned order (-1 padded, ``kappa``
-    columns; kappa = 1: the best segment, -1 without any)."""
-    n = rows.shape[0]
-    sig = np.full((n, kappa), -1, np.int64)
-    cols = mat.shape[1]
-    top = np.empty(cols, np.int64)
-    out = np.empty(cols, np.int64)
-    for i in range(n):
-        r = rows[i]
-        m = lengths[r]
-        if kappa == 1:
-            for j in range(m):
-                s = mat[r, 1 + j]
-                if j == 0 or _before(prio, s, sig[i, 0]):
-                    sig[i, 0] = s
-            continue
-        _align(mat, r, m, fixed[r], prio, f, top, out)
-        q = 0
-        for j in range(m):
-            for x in range(min(kappa, m)):
-                if top[x] == out[j]:
-                    sig[i, q] = out[j]
-                    q += 1
-    return sig
+def _counting_sort(key, n_keys, members):
+    """``members`` ordered by ``key`` (small non-negative integers), stably; and where each key starts."""
+    start = np.zeros(n_keys + 1, np.int64)
+    for p in members:
+        start[key[p] + 1] += 1
+    start = np.cumsum(start)
+    out = np.empty(members.shape[0], np.int64)
+    fill = start[:n_keys].copy()
+    for p in members:
+        out[fill[key[p]]] = p
+        fill[key[p]] += 1
+    return out, start
 
 
 @njit(cache=True)
-def order_queue(mat, rows, width, fifo, lengths, sig, base, w_n, alpha, beta, hint, q_cold):
-    """Buckets, their scores and the admission order of one round.
+def _bucket_keys(signatures, n_segments):
+    """A key per request, equal for equal signature rows (keys < number of requests). Refines a partition
+    column by column: (key so far, segment in this column) -> new key, with a marker per segment; each
+    key's requests are visited together, so a marker tells whether it has seen a segment."""
+    n, kappa = signatures.shape
+    key = np.zeros(n, np.int64)
+    members, start = np.arange(n), np.array([0, n])
+    seen = np.full(n_segments + 1, -1, np.int64)  # per segment + 1: the (column, key) that last met it
+    new_key = np.empty(n_segments + 1, np.int64)
+    for c in range(kappa):
+        keys = 0
+        for k in range(start.shape[0] - 1):
+            stamp = c * n + k
+            for x in range(start[k], start[k + 1]):
+                p = members[x]
+                s = signatures[p, c] + 1
+                if seen[s] != stamp:
+                    seen[s] = stamp
+                    new_key[s] = keys
+                    keys += 1
+                key[p] = new_key[s]
+        if c + 1 < kappa:
+            members, start = _counting_sort(key, keys, np.arange(n))
+    return key
 
-    Requests with the same signature form a bucket, FIFO inside (by ``fifo``, a unique age key). A bucket's
-    provisional batch is its first ``hint`` requests; U(b) is the mean over the bucket's distinct reusable
-    segments of base + w_n·n(r; batch), and Score(b) = alpha·|b| + beta·U(b). The order is the ``q_cold``
-    oldest requests (FIFO), then the buckets by descending score (ties: older head), FIFO inside.
 
-    Returns ``(order, cold, grouped, starts, size, score)``: queue positions in admission order, the cold
-    lane's positions, the positions grouped by bucket, and per bucket its start in ``grouped``, size and score.
-    """
-    n = rows.shape[0]
-    V = base.shape[0]
-    # the queue in FIFO order; fifo keys are unique, and dense for an engine's queue: a counting sort
-    low = fifo.min()
-    spread = fifo.max() - low + 1
-    if spread <= 4 * n + 64:
-        slot = np.full(spread, -1, np.int64)
-        for p in range(n):
-            slot[fifo[p] - low] = p
-        by_age = slot[slot >= 0]
-    else:
-        by_age = np.argsort(fifo)
-    # buckets, numbered in the order of their heads' age; members in FIFO order (a stable counting sort)
-    low = sig.min()
-    bucket_of = np.full(sig.max() - low + 1, -1, np.int64)
+@njit(cache=True)
+def _fifo(age):
+    """Queue positions oldest first, by a unique age key: a counting sort when the keys are dense, as an
+    engine's queue has them."""
+    n = age.shape[0]
+    low = age.min()
+    spread = age.max() - low + 1
+    if spread > 4 * n + 64:
+        return np.argsort(age)
+    slot = np.full(spread, -1, np.int64)
+    for p in range(n):
+        slot[age[p] - low] = p
+    return slot[slot >= 0]
+
+
+@njit(cache=True)
+def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
+    """Buckets, their scores and the admission order (step 3 of :func:`plan_round`). Requests with equal
+    ``bucket_key`` (integers from 0 to the queue's length) share a bucket."""
+    n = queued.shape[0]
+    by_age = _fifo(age)
+    # buckets numbered by their heads' age; members in FIFO order
+    number = np.full(n, -1, np.int64)
     bucket = np.empty(n, np.int64)
-    count = np.zeros(n + 1, np.int64)
-    nb = 0
+    n_buckets = 0
     for p in by_age:
-        k = sig[p] - low
-        if bucket_of[k] < 0:
-            bucket_of[k] = nb
-            nb += 1
-        bucket[p] = bucket_of[k]
-        count[bucket[p] + 1] += 1
-    starts = np.cumsum(count[:nb + 1])  # bucket b is grouped[starts[b]:starts[b + 1]]
-    grouped = np.empty(n, np.int64)
-    fill = starts[:nb].copy()
-    for p in by_age:
-        grouped[fill[bucket[p]]] = p
-        fill[bucket[p]] += 1
-    starts = starts[:nb]
-    size = np.empty(nb, np.int64)
-    score = np.empty(nb)
-    seen = np.full(V, -1, np.int64)  # the last bucket that counted each segment
-    for b in range(nb):
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < nb else n
-        size[b] = hi - lo
+        k = bucket_key[p]
+        if number[k] < 0:
+            number[k] = n_buckets
+            n_buckets += 1
+        bucket[p] = number[k]
+    grouped, start = _counting_sort(bucket, n_buckets, by_age)
+    size = start[1:] - start[:-1]
+    score = np.empty(n_buckets)
+    seen = np.full(base.shape[0], -1, np.int64)  # the last bucket that counted each segment
+    segments = prompts.segments
+    for b in range(n_buckets):
         in_batch = 0  # n(r; batch) summed over the bucket's segments: the batch's segment occurrences
-        total = 0.0
+        total_base = 0.0
         distinct = 0
-        for j in range(lo, hi):
-            r = rows[grouped[j]]
-            if j - lo < hint:
-                in_batch += lengths[r]
-            for c in range(1, width):
-                s = mat[r, c]
+        for j in range(start[b], start[b + 1]):
+            r = queued[grouped[j]]
+            if j - start[b] < batch_hint:
+                in_batch += prompts.n_reusable[r]
+            for c in range(1, prompts.width):
+                s = segments[r, c]
                 if s < 0:
                     break
                 if seen[s] != b:
                     seen[s] = b
                     distinct += 1
-                    total += base[s]
-        util = total + w_n * float(in_batch)
+                    total_base += base[s]
+        util = priority(total_base, in_batch, params.w_n)
         if distinct > 0:
             util /= distinct
-        score[b] = alpha * size[b] + beta * util
-
-    # lanes: the q oldest first, then buckets by (descending score, older head), FIFO inside
-    q = min(q_cold, n)
-    cold = by_age[:q]
+        score[b] = params.alpha_size * size[b] + params.beta_util * util
+    # lanes: the q_cold oldest first, then buckets by (descending score, older head), FIFO inside
+    cold = by_age[:min(params.q_cold, n)]
     is_cold = np.zeros(n, np.bool_)
     order = np.empty(n, np.int64)
-    for j in range(q):
-        is_cold[cold[j]] = True
-        order[j] = cold[j]
-    by_score = np.argsort(-score, kind="mergesort")  # stable: buckets are numbered by their heads' age
-    k = q
-    for b in by_score:
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < nb else n
-        for j in range(lo, hi):
+    order[:cold.shape[0]] = cold
+    is_cold[cold] = True
+    k = cold.shape[0]
+    for b in np.argsort(-score, kind="mergesort"):  # stable: buckets are numbered by their heads' age
+        for j in range(start[b], start[b + 1]):
             p = grouped[j]
             if not is_cold[p]:
                 order[k] = p
                 k += 1
-    return order, cold, grouped, starts, size, score
+    return order, cold, grouped, start[:n_buckets], size, score
+
+
+@njit(cache=True)
+def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
+    """One QAS round over the ``queued`` rows (in queue order).
+
+    ``age``: a unique key per queued request that sorts it in FIFO (arrival, id) order; ``active`` and
+    ``next_batch``: a(r) and n(r) over the predicted next batch, per segment; ``batch_hint``: how many
+    requests form a bucket's provisional batch. A bucket's utility U(b) is the mean over its distinct
+    reusable segments of P(r; its provisional batch), its score alpha_size·|b| + beta_util·U(b).
+    """
+    prompts, params = Prompts(*prompts), Params(*params)
+    base = params.w_a * active + params.w_g * segment_counts(prompts, queued, active.shape[0])
+    prio = priority(base, next_batch, params.w_n)
+    signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
+    bucket_key = _bucket_keys(signatures, active.shape[0])
+    order, cold, grouped, start, size, score = order_queue(prompts, queued, age, bucket_key, base, params, batch_hint)
+    return Round(base, prio, order, cold, grouped, start, size, score)
+
+
+@njit(cache=True)
+def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
+    """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
+    taken, the rows that remain, the next batch (the first ``len(taken)`` of them) and the published
+    P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base)."""
+    prompts = Prompts(*prompts)
+    base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
+    is_taken = np.zeros(prompts.segments.shape[0], np.bool_)
+    is_taken[taken] = True
+    taken_positions = np.empty(order_rows.shape[0], np.int64)
+    remaining_rows = np.empty(order_rows.shape[0], np.int64)
+    t = k = 0
+    for p in range(order_rows.shape[0]):
+        if is_taken[order_rows[p]]:
+            taken_positions[t] = p
+            t += 1
+        else:
+            remaining_rows[k] = order_rows[p]
+            k += 1
+    remaining_rows = remaining_rows[:k]
+    return Dispatch(taken_positions[:t], remaining_rows,
+                    segment_counts(prompts, remaining_rows[:taken.shape[0]], n_segments),
+                    priority(base, segment_counts(prompts, taken, n_segments), w_n))
 
 
 @njit(cache=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prism.core import PRIV, REUSE, SYS, SegmentTable
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.qas import QAS, QASConfig
-from prism.policies.qas_round import order_queue
+from prism.policies.qas_round import Params, Prompts, order_queue
 from qas_reference import ReferenceQAS
 
 TABLE = SegmentTable()
@@ -182,13 +182,13 @@ def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
     mat = np.full((n, 5), -1, dtype=np.int64)
     for i, r in enumerate(rows):
         mat[i, 1:1 + len(r)] = r
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    sig = np.array([r[0] if r else -1 for r in rows], dtype=np.int64)
+    prompts = Prompts(mat, np.array([len(r) for r in rows], dtype=np.int64), np.zeros(n, dtype=bool), 5)
+    bucket_key = np.unique([r[0] if r else -1 for r in rows], return_inverse=True)[1].astype(np.int64)
     base = np.array(data.draw(st.lists(st.integers(0, 5), min_size=V, max_size=V)), dtype=float)
     age = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
-    common = (mat, np.arange(n), 5, lengths, sig, base, 1e5, 1.0, 0.5, hint, q_cold)
-    dense = order_queue(*common[:3], age, *common[3:])
-    sparse = order_queue(*common[:3], age * 1000 + 7, *common[3:])
+    params = Params(1e6, 1e5, 1.0, 3, 1, 1.0, 0.5, q_cold)
+    dense = order_queue(prompts, np.arange(n), age, bucket_key, base, params, hint)
+    sparse = order_queue(prompts, np.arange(n), age * 1000 + 7, bucket_key, base, params, hint)
     for a, b in zip(dense, sparse):
         np.testing.assert_array_equal(a, b)
     assert sorted(dense[0].tolist()) == list(range(n))  # every request, once
