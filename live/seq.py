@@ -14,17 +14,17 @@ from array import array
 
 import numpy as np
 
-from prism.core import PRIV, TOKEN_DTYPE, Segment, layout, realigned
+from prism.core import PRIV, TOKEN_DTYPE, Segment, SegmentedPrompt, realigned
 
 
 def _ids(req) -> np.ndarray:
     return np.frombuffer(req.origin_input_ids, dtype=np.int64)
 
 
-class LiveSeq:
+class LiveSeq(SegmentedPrompt):
     """Implements ``WaitingRequest`` over an SGLang ``Req`` (``req._prism`` keeps it)."""
 
-    __slots__ = ("req", "id", "arrival", "segments", "fixed_order", "prompt_len", "_key", "_layout",
+    __slots__ = ("req", "id", "arrival", "fixed_order", "prompt_len",
                  "realigned", "lane", "admitted")
 
     def __init__(self, req, arrival: float) -> None:
@@ -40,10 +40,8 @@ class LiveSeq:
             start = end
         if start != len(tokens):
             raise ValueError(f"request {self.id}: segment ends cover {start} of {len(tokens)} prompt tokens")
-        self.segments = tuple(segs)
+        self.set_segments(tuple(segs))
         self.prompt_len = len(tokens)
-        self._key = tokens.tobytes()
-        self._layout = None
         self.realigned = False
         self.lane = ""
         self.admitted = False
@@ -61,16 +59,6 @@ class LiveSeq:
             req._prism = seq
         return seq
 
-    @property
-    def key(self) -> bytes:
-        return self._key
-
-    @property
-    def layout(self) -> tuple[tuple[int, str, str], ...]:
-        if self._layout is None:
-            self._layout = layout(self.segments)
-        return self._layout
-
     def movable(self) -> bool:
         """Whether a new segment order may still be applied: no KV held, nothing generated, not chunked."""
         req = self.req
@@ -84,12 +72,9 @@ class LiveSeq:
         segments = realigned(self.segments, skeleton, self.id)
         if segments is None:
             return False
-        self.segments = segments
-        tokens = np.concatenate([s.tokens for s in self.segments])
-        self._key = tokens.tobytes()
-        self._layout = None
+        self.set_segments(segments)
         req = self.req
-        req.origin_input_ids[:] = array("q", tokens.astype(np.int64).tobytes())
+        req.origin_input_ids[:] = array("q", np.frombuffer(self.key, dtype=TOKEN_DTYPE).astype(np.int64).tobytes())
         req.full_untruncated_fill_ids = array("q")  # else SGLang keeps extending a stale copy of the prompt
         self.realigned = True
         return True

@@ -192,6 +192,30 @@ class Request:
         return serialize(self.segments)
 
 
+class SegmentedPrompt:
+    """A prompt held as its segments in their current order; the serialized token bytes (``key``) and the
+    layout are made when first needed, so a scheduler that realigns a request before admission has its prompt
+    serialized once, not once per order. The simulator's requests and the live plugin's views share it."""
+
+    __slots__ = ("segments", "_key", "_layout")
+
+    def set_segments(self, segments: tuple[Segment, ...]) -> None:
+        self.segments = segments
+        self._key = self._layout = None
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = serialize(self.segments).tobytes()
+        return self._key
+
+    @property
+    def layout(self) -> tuple[tuple[int, str, str], ...]:
+        if self._layout is None:
+            self._layout = layout(self.segments)
+        return self._layout
+
+
 def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: int) -> tuple[Segment, ...] | None:
     """The prompt with its reusable segments in ``skeleton`` order (the system prompt stays first, private
     segments last), or None if that is the order it has. Both engines apply a scheduler's realignment so."""

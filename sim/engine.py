@@ -24,17 +24,17 @@ from typing import Callable
 import simpy
 
 from prism.calibration.cost_model import CostModel
-from prism.core import realigned, PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
+from prism.core import SegmentedPrompt, realigned, PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.radix_cache import RadixCache
 
 
-class Seq:
+class Seq(SegmentedPrompt):
     """A request inside the engine: the trace request plus its current prompt order and timestamps."""
 
-    __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "segments", "_key", "_layout", "prompt_len",
+    __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "prompt_len",
                  "sent", "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
                  "finish_step", "lane", "realigned")
 
@@ -53,24 +53,6 @@ class Seq:
         self.finish_step = 0
         self.lane = ""
         self.realigned = False
-
-    def set_segments(self, segments: tuple[Segment, ...]) -> None:
-        self.segments = segments
-        self._key = self._layout = None
-
-    @property
-    def key(self) -> bytes:
-        """The prompt's token bytes in the current order, made when first needed: a scheduler that realigns
-        a request before admission (QAS) then serializes its prompt once, not once per order."""
-        if self._key is None:
-            self._key = serialize(self.segments).tobytes()
-        return self._key
-
-    @property
-    def layout(self) -> tuple[tuple[int, str, str], ...]:
-        if self._layout is None:
-            self._layout = layout(self.segments)
-        return self._layout
 
     def realign(self, skeleton: tuple[str, ...] | None) -> bool:
         """Put the reusable segments in ``skeleton`` order (same multiset; None: keep the order, as a plan

@@ -134,22 +134,15 @@ def play(seed: int, page_size: int, make_policy, check_order: bool, clock) -> No
         assert sim_evicted == live_evicted
 
 
+@pytest.mark.parametrize("policy, same_order", [(LRU, False), (DART, True)], ids=["lru", "dart"])
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10**6), page_size=st.sampled_from([1, 4]))
-def test_lru_matches_the_simulator_step_by_step(seed, page_size):
+def test_sglang_cache_matches_the_simulator_step_by_step(policy, same_order, seed, page_size):
+    """LRU: equal hits, evictions and sizes at every step; DART: also the same nodes evicted in order."""
     with pytest.MonkeyPatch.context() as mp:
         c = Clock(sgl_radix.time)
         mp.setattr(sgl_radix, "time", c)
-        play(seed, page_size, lambda hints: LRU(hints), check_order=False, clock=c)
-
-
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), page_size=st.sampled_from([1, 4]))
-def test_dart_evicts_the_same_nodes_in_the_same_order(seed, page_size):
-    with pytest.MonkeyPatch.context() as mp:
-        c = Clock(sgl_radix.time)
-        mp.setattr(sgl_radix, "time", c)
-        play(seed, page_size, lambda hints: DART(hints=hints), check_order=True, clock=c)
+        play(seed, page_size, lambda hints: policy(hints=hints), check_order=same_order, clock=c)
 
 
 def test_split_hands_segment_ownership_to_the_new_upper_node(clock):
