@@ -69,6 +69,7 @@ class LiveState:
         self.events_path = Path(config["events"]) if config.get("events") else None
         self.counters_path = Path(config["counters"]) if config.get("counters") else None
         self._events = self.events_path.open("a", buffering=1 << 16) if self.events_path else None
+        self._overruns = self.events_path.with_name("overruns.jsonl").open("a") if self.events_path else None
         self._starts: dict[int, float] = {}
         self._saved = 0.0
 
@@ -106,6 +107,14 @@ class LiveState:
                 self.counters[f"hit_tokens_{self.eviction.tier(node)}"] += len(node.key)
             node = node.parent
 
+    def reset(self) -> None:
+        """The cache was emptied (``/flush_cache`` on an idle server): what was counted before (warm-up)
+        belongs to no run."""
+        self.counters.clear()
+        self._starts.clear()
+        if self.pacer is not None:
+            self.pacer.reset()
+
     def release(self, req) -> None:
         seq = getattr(req, "_prism", None)
         if seq is None or not seq.admitted:
@@ -138,6 +147,21 @@ class LiveState:
             self.save_counters()
             self._saved = end
 
+    def log_overrun(self, extend: bool, batch, context: int, budget: float, forward_s: float, lead_s: float) -> None:
+        """One line per batch whose real time exceeded its budget (``overruns.jsonl``): the twin was slower
+        than the profile there, and the run's timings carry the excess."""
+        if self._overruns is None:
+            return
+        row = {"kind": "prefill" if extend else "decode", "requests": len(batch.reqs), "budget_ms": budget * 1e3,
+               "forward_ms": forward_s * 1e3, "before_forward_ms": lead_s * 1e3,
+               "overrun_ms": self.pacer.overrun_s * 1e3}
+        if extend:
+            row.update(new_tokens=sum(batch.extend_lens), cached_tokens=sum(batch.prefix_lens))
+        else:
+            row.update(context_tokens=context)
+        self._overruns.write(json.dumps(row) + "\n")
+        self._overruns.flush()
+
     def snapshot(self) -> dict[str, Any]:
         out = dict(sorted(self.counters.items()))
         out.update({k: v for k, v in self.scheduler.stats().items()})
@@ -166,7 +190,7 @@ def _make_cache(ctx):
     from prism.live.radix import PrismRadixCache
 
     st = state()
-    st.cache = PrismRadixCache(ctx.params, st.eviction, st.counters, on_release=st.release)
+    st.cache = PrismRadixCache(ctx.params, st.eviction, st.counters, on_release=st.release, on_reset=st.reset)
     return st.cache
 
 
@@ -210,15 +234,22 @@ def around_run_batch(orig, sched, batch, *args, **kwargs):
     st = state()
     st.sched = sched
     pacer = st.pacer
-    start = time.monotonic() if pacer is None else pacer.start(time.monotonic(), bool(
-        getattr(batch, "after_idle_gap", False)), st.iteration_start)
+    # run_batch itself copies the scheduler's idle flag to batch.after_idle_gap: read the flag before it runs
+    idle = bool(getattr(sched, "_sched_idled", False))
+    start = time.monotonic() if pacer is None else pacer.start(time.monotonic(), idle, st.iteration_start)
+    forward_start = time.monotonic()
     result = orig(sched, batch, *args, **kwargs)
     if pacer is None:
         end = time.monotonic()
-    elif batch.forward_mode.is_extend():
-        end = pacer.finish(start, pacer.budget(True, batch.extend_lens, batch.prefix_lens, 0, len(batch.reqs)))
     else:
-        end = pacer.finish(start, pacer.budget(False, (), (), int(batch.seq_lens_cpu.sum()), len(batch.reqs)))
+        extend = batch.forward_mode.is_extend()
+        context = 0 if extend else int(batch.seq_lens_cpu.sum())
+        budget = pacer.budget(extend, batch.extend_lens if extend else (), batch.prefix_lens if extend else (),
+                              context, len(batch.reqs))
+        forward_s = time.monotonic() - forward_start
+        end = pacer.finish(start, budget)
+        if pacer.overrun_s > 0:
+            st.log_overrun(extend, batch, context, budget, forward_s, forward_start - start)
     st.log_batch(batch, start, end)
     return result
 
@@ -242,6 +273,13 @@ def install(config_path: str) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     config = json.loads(Path(config_path).read_text())
+    lpm = (config.get("knobs") or {}).get("lpm")
+    if config["scheduler"] in NATIVE_SCHEDULERS and lpm:  # prism's LPM knobs are SGLang's constants
+        from sglang.srt.managers import schedule_policy
+
+        schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX = lpm["fcfs_threshold"]
+        schedule_policy.IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = lpm["check_threshold"]
+        schedule_policy.IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = lpm["deprioritize_threshold"]
     if BACKEND not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND, _make_cache)
     m, s = "sglang.srt.managers", "sglang.srt.managers.scheduler.Scheduler"

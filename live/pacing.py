@@ -31,11 +31,18 @@ class Pacer:
         self.counters = counters if counters is not None else Counter()
         self._target_end = 0.0
         self.max_overrun_s = 0.0
+        self._kind = "decode"
 
     def budget(self, extend: bool, new: Sequence[int], cached: Sequence[int], context: int, batch: int) -> float:
         """Real seconds this batch should last."""
+        self._kind = "prefill" if extend else "decode"
         t = self.cost.prefill_time(new, cached) if extend else self.cost.decode_time(batch, context)
         return t * self.dilation
+
+    def reset(self) -> None:
+        """Forget what came before (the server's cache was flushed: a new run starts)."""
+        self._target_end = 0.0
+        self.max_overrun_s = 0.0
 
     def start(self, now: float, after_idle: bool, iteration_start: float) -> float:
         """Where this batch's budget starts: the previous target end, or the iteration start after idling."""
@@ -44,14 +51,17 @@ class Pacer:
         return self._target_end
 
     def finish(self, anchor: float, budget: float) -> float:
-        """Wait out the rest of the budget from ``anchor``; returns the batch's end (real clock)."""
+        """Wait out the rest of the budget from ``anchor``; returns the batch's end (real clock). After an
+        overrun, ``overrun_s`` says by how much (else 0)."""
+        self.overrun_s = 0.0
         target = anchor + budget
         self._target_end = target
         now = time.monotonic()
         self.counters["paced_batches"] += 1
         if now > target:
-            over = now - target
+            over = self.overrun_s = now - target
             self.counters["paced_over_budget"] += 1
+            self.counters[f"paced_over_budget_{self._kind}"] += 1
             self.max_overrun_s = max(self.max_overrun_s, over)
             self._target_end = now
             return now

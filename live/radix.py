@@ -49,11 +49,13 @@ class PrismRadixCache(RadixCache):
     """SGLang's classic ``RadixCache`` with a prism eviction policy and segment-owned nodes."""
 
     def __init__(self, params, policy: EvictionPolicy, counters: Counter | None = None,
-                 on_release: Callable[[object], None] | None = None) -> None:
+                 on_release: Callable[[object], None] | None = None,
+                 on_reset: Callable[[], None] | None = None) -> None:
         self.policy = policy
         self.anchors = policy.needs_anchors
         self.counters = counters if counters is not None else Counter()
         self._on_release = on_release
+        self._on_reset = on_reset
         self._layout = None
         self._serial = 0
         self.resident = ResidentSegments()
@@ -66,6 +68,8 @@ class PrismRadixCache(RadixCache):
         self.resident = ResidentSegments()
         root = self.root_node
         root.kind, root.seg_id, root.depth, root.serial = "sys", "", 0, 0
+        if self._on_reset is not None:  # /flush_cache: a new run starts
+            self._on_reset()
 
     def _tag(self, node, kind: str, seg: str, depth: int) -> None:
         self._serial += 1

@@ -116,7 +116,7 @@ class _Events:
                         break
                     self._pos += len(line.encode())
                     ev = json.loads(line)
-                    self.by_id[ev["id"]] = ev
+                    self.by_id.setdefault(ev["id"], ev)  # a retracted request prefills again: keep the first
         return self.by_id.get(rid)
 
 
@@ -168,7 +168,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     else:
         device = _device(opts)
         config = plugin_config(spec, opts, out)
-        for name in ("events.jsonl", "counters.json"):
+        for name in ("events.jsonl", "counters.json", "overruns.jsonl"):
             (out / name).unlink(missing_ok=True)
         (out / "plugin.json").write_text(json.dumps(config, indent=2))
         env = {CONFIG_ENV: str((out / "plugin.json").resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0"}
