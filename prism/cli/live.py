@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         bar.close()
         print(f"prism-live: run broke off: {e}; partial results in {out}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"prism-live: interrupted; partial results in {out} (summary.json says complete: false)",
+              file=sys.stderr)
+        return 130
     bar.close()
     print(table([summary_row(s)], ROW))
     c = s["counters"]

@@ -3,12 +3,12 @@
 * prism-live with ``--method prism`` and ``--method sglang`` on a 100-request trace that queues and evicts:
   results in prism-sim's schema, hit tokens, and the plugin's counters from the scheduler process (QAS
   rounds, realignments, DART evictions by tier);
-* a server killed mid-run: partial results, ``complete: false``, exit status 1 with one line, no process
-  left behind;
+* a server killed mid-run, and Ctrl-C: partial results, ``complete: false``, one line (exit status 1 and
+  130), no process left behind;
 * a small paced validate run at low load: hit rates within 2 points of the simulator's, TTFT within the
   tolerance documented in README (Live mode).
 
-Each server start costs 20-45 s on two cores; the module keeps to five starts.
+Each server start costs 20-45 s on two cores; the module keeps to six starts.
 """
 
 from __future__ import annotations
@@ -102,6 +102,32 @@ def test_a_server_killed_mid_run_leaves_partial_results_and_no_process(tmp_path)
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] is False and 0 < s["num_requests"] < 100
     assert len((out / "requests.csv").read_text().splitlines()) - 1 == s["num_requests"]
+    assert not _processes_with(str(out / "plugin.json"))
+
+
+def test_ctrl_c_leaves_partial_results_one_line_and_no_process(tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([*LIVE, *SMALL, "--method", "sglang", "--qps", "5", "--out", str(out), "--port", "30134",
+                             "--pace", "a800-80g:qwen3-4b-instruct-2507", "--dilation", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            csv = out / "requests.csv"
+            if csv.exists() and len(csv.read_text().splitlines()) > 4:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
+    assert lines[-1].startswith("prism-live: interrupted; partial results in") and "Traceback" not in err, err[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["complete"] is False and 0 < s["num_requests"] < 100
     assert not _processes_with(str(out / "plugin.json"))
 
 
