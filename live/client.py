@@ -103,7 +103,9 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
     import aiohttp
 
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    # one connection per request: a pooled keep-alive connection idle for seconds (dilated arrivals) can be
+    # closed by the server just as it is reused, which would end the replay with "Server disconnected"
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = start if start is not None else time.monotonic() + 0.05
         tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra))
