@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from prism.calibration.cost_model import CostModel
-from prism.policies.base import DEFAULT_LANE, SchedContext
+from prism.core import PRIV, REUSE, SYS, SegmentedPrompt, SegmentTable
+from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
 from prism.policies.registry import make_policies, policy_configs
 
 from prism.live.pacing import Pacer
@@ -50,12 +51,63 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class _SyntheticRequest(SegmentedPrompt):
+    __slots__ = ("id", "arrival", "prompt_len", "fixed_order")
+
+    def __init__(self, rid: int, segments) -> None:
+        self.id, self.arrival, self.fixed_order = rid, float(rid), False
+        self.set_segments(tuple(segments))
+        self.prompt_len = sum(seg.length for seg in segments)
+
+
+class _EmptyIndex:
+    def match_len(self, key: bytes) -> int:
+        return 0
+
+    def match_path(self, key: bytes) -> list:
+        return []
+
+
+def _warm_up(scheduler) -> None:
+    """Plan, align and dispatch a small synthetic queue once while the server starts, so that the policy's
+    compiled code (QAS's numba round: loaded from its cache in about 0.2 s, compiled in about 9 s on a cold
+    cache) is ready before the run instead of stalling its first scheduling round. The caller then starts
+    from fresh policy objects."""
+    table = SegmentTable()
+    passages = [table.segment(f"w{i}", REUSE, 8) for i in range(6)]
+    waiting = [_SyntheticRequest(i, [table.segment("wsys", SYS, 4), *passages[i % 3:i % 3 + 3],
+                                     table.segment(f"wq{i}", PRIV, 4)]) for i in range(8)]
+    ctx = SchedContext(0.0, _EmptyIndex(), (), DemandHints(), batch_hint=4)
+    plan = scheduler.plan(waiting, ctx)
+    for r in plan.order:
+        plan.align.get(r.id)
+    scheduler.on_dispatch(plan.order[:4], ctx)
+
+
+def _plugin_time(fn):
+    """Count the wrapped hook's time as prism's (DESIGN §6: the overhead budget)."""
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if _state is not None:
+                dt = time.perf_counter() - t0
+                _state.plugin_s += dt
+                _state.plugin_parts[fn.__name__] += dt
+
+    timed.__name__, timed.__doc__ = fn.__name__, fn.__doc__
+    return timed
+
+
 class LiveState:
     """The policy objects and bookkeeping of one scheduler process."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         configs = policy_configs(config["scheduler"], config["eviction"], config.get("knobs") or {})
+        _warm_up(make_policies(config["scheduler"], config["eviction"], configs).scheduler)
         policies = make_policies(config["scheduler"], config["eviction"], configs)
         self.scheduler, self.eviction, self.hints = policies.scheduler, policies.eviction, policies.hints
         self.native = config["scheduler"] in NATIVE_SCHEDULERS
@@ -72,6 +124,9 @@ class LiveState:
         self._overruns = self.events_path.with_name("overruns.jsonl").open("a") if self.events_path else None
         self._starts: dict[int, float] = {}
         self._saved = 0.0
+        self.plugin_parts: Counter = Counter()  # the same by hook
+        self.plugin_s = 0.0  # CPU time in prism's hooks (plans, realignment, admission, protection set, anchors)
+        self.scheduler_s = 0.0  # SGLang's scheduling around the forward (batch selection, result handling)
 
     # ---------------------------------------------------------------- engine state
     def context(self) -> SchedContext:
@@ -82,6 +137,7 @@ class LiveState:
             limit = getattr(self.sched, "max_running_requests", 0) or 0
         return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(limit - running, 0))
 
+    @_plugin_time
     def admit(self, reqs) -> None:
         admitted, now = [], time.monotonic()
         for req in reqs:
@@ -111,6 +167,10 @@ class LiveState:
         """The cache was emptied (``/flush_cache`` on an idle server): what was counted before (warm-up)
         belongs to no run."""
         self.counters.clear()
+        self.plugin_s = self.scheduler_s = 0.0
+        self.plugin_parts.clear()
+        if self.cache is not None:
+            self.cache.plugin_s = 0.0
         self._starts.clear()
         if self.pacer is not None:
             self.pacer.reset()
@@ -167,6 +227,15 @@ class LiveState:
         out.update({k: v for k, v in self.scheduler.stats().items()})
         if self.pacer is not None:
             out["paced_max_overrun_ms"] = round(self.pacer.max_overrun_s * 1e3, 3)
+        # DESIGN §6's overhead budget: prism's CPU time against SGLang's own scheduling CPU time
+        plugin_s = self.plugin_s + (self.cache.plugin_s if self.cache is not None else 0.0)
+        out["plugin_cpu_ms"] = round(plugin_s * 1e3, 3)
+        out.update({f"plugin_cpu_ms_{k.strip('_')}": round(v * 1e3, 3) for k, v in self.plugin_parts.items()})
+        if self.cache is not None:
+            out["plugin_cpu_ms_cache"] = round(self.cache.plugin_s * 1e3, 3)
+        out["scheduler_cpu_ms"] = round(self.scheduler_s * 1e3, 3)
+        own = self.scheduler_s - plugin_s
+        out["plugin_overhead"] = round(plugin_s / own, 5) if own > 0 else 0.0
         out["scheduler"], out["eviction"] = self.config["scheduler"], self.config["eviction"]
         return out
 
@@ -198,7 +267,20 @@ def around_next_batch(orig, sched, *args, **kwargs):
     st = state()
     st.sched = sched
     st.iteration_start = time.monotonic()
-    return orig(sched, *args, **kwargs)
+    t0 = time.perf_counter()
+    try:
+        return orig(sched, *args, **kwargs)
+    finally:
+        st.scheduler_s += time.perf_counter() - t0
+
+
+def around_process_result(orig, sched, *args, **kwargs):
+    st = state()
+    t0 = time.perf_counter()
+    try:
+        return orig(sched, *args, **kwargs)
+    finally:
+        st.scheduler_s += time.perf_counter() - t0
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
@@ -210,6 +292,11 @@ def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
         (views if seq is not None else others).append(seq if seq is not None else req)
     if not views:
         return orig(policy, waiting_queue, *args, **kwargs)
+    return _plan(st, views, others, waiting_queue)
+
+
+@_plugin_time
+def _plan(st: LiveState, views, others, waiting_queue) -> None:
     plan = st.scheduler.plan(views, st.context())
     st.plan = plan
     st.counters["rounds"] += 1
@@ -217,6 +304,7 @@ def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
     return None
 
 
+@_plugin_time
 def before_init_next_round(req, *args, **kwargs):
     st = _state
     seq = getattr(req, "_prism", None)
@@ -285,6 +373,7 @@ def install(config_path: str) -> None:
     m, s = "sglang.srt.managers", "sglang.srt.managers.scheduler.Scheduler"
     HookRegistry.register(f"{s}.get_next_batch_to_run", around_next_batch, HookType.AROUND)
     HookRegistry.register(f"{s}.run_batch", around_run_batch, HookType.AROUND)
+    HookRegistry.register(f"{s}.process_batch_result", around_process_result, HookType.AROUND)
     HookRegistry.register(f"{s}.get_internal_state", after_internal_state, HookType.AFTER)
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.prepare_for_extend", before_prepare_for_extend,
                           HookType.BEFORE)

@@ -58,6 +58,7 @@ class PrismRadixCache(RadixCache):
         self._on_reset = on_reset
         self._layout = None
         self._serial = 0
+        self.plugin_s = 0.0  # CPU time in prism's part of the cache: protection sets and anchor tagging
         self.resident = ResidentSegments()
         super().__init__(params)
         self.eviction_strategy = _PolicyStrategy(policy)
@@ -132,7 +133,9 @@ class PrismRadixCache(RadixCache):
 
     def insert(self, params):
         result = super().insert(params)
+        t0 = time.perf_counter()
         self._own_path(result.last_device_node)
+        self.plugin_s += time.perf_counter() - t0
         return result
 
     def checkpoint(self, req, *, up_to: int):
@@ -143,7 +146,9 @@ class PrismRadixCache(RadixCache):
             return super().checkpoint(req, up_to=up_to)
 
     def evict(self, params):
+        t0 = time.perf_counter()
         self.policy.prepare(self)
+        self.plugin_s += time.perf_counter() - t0
         return super().evict(params)
 
     def _delete_leaf(self, node) -> None:
