@@ -104,6 +104,8 @@ def prepare_run_dir(path: str | Path, files: Iterable[str], flag: str = "--out")
     for name in files:
         f = check_out_file(p / name, flag)
         f.unlink(missing_ok=True)
+        for tmp in p.glob(f".{f.stem}.*.tmp{f.suffix}"):  # what a killed writer of it left
+            tmp.unlink(missing_ok=True)
     return p
 
 

@@ -102,12 +102,15 @@ def test_sigint_writes_partial_summary(tmp_path):
     assert len(rows) == 12 and [int(r["id"]) for r in rows] == sorted(int(r["id"]) for r in rows)
 
 
-def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path):
+def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path, capsys):
     out = tmp_path / "run"
     code, _ = _stopped_run(tmp_path, _sim(out), signal.SIGKILL, HANG_IN="summary")
     assert code == -signal.SIGKILL
     assert not (out / "summary.json").exists()  # half of it is in a temporary file, never under this name
     assert len(list(csv.DictReader((out / "requests.csv").open()))) == 30
+    assert [p.name for p in out.glob(".summary.*.tmp.json")]
+    assert sim_main(_sim(out)) == 0  # the next run into the folder clears the leftover
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
 
 
 def _sweep(out, methods="fcfs", qps="20", *extra):
