@@ -78,8 +78,10 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
         for method, color in _colors(agg).items():
-            runs = ([folders[(method, cdf_qps)]] if folders is not None and (method, cdf_qps) in folders
-                    else sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*")) if folders is None else [])
+            if folders is None:
+                runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
+            else:
+                runs = [folders[(method, cdf_qps)]] if (method, cdf_qps) in folders else []
             if not runs or not (runs[0] / "requests.csv").is_file():
                 continue
             with (runs[0] / "requests.csv").open() as f:
