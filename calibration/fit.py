@@ -29,6 +29,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from prism.errors import UserError
+from prism.output import atomic_path, write_csv
 
 from prism.calibration.cost_model import CostModel
 
@@ -160,10 +161,7 @@ def synthetic_measurements(cost: CostModel, rows: int, noise: float, seed: int =
 
 
 def write_measurements(rows: list[dict[str, str]], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(REQUIRED))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(path, list(REQUIRED), rows)
 
 
 def residual_plot(report: FitReport, m: Measurements, path: Path) -> Path:
@@ -184,6 +182,7 @@ def residual_plot(report: FitReport, m: Measurements, path: Path) -> Path:
         ax.set_title(f"{title}: MAPE {mape * 100:.2f}% over {len(y)} iterations")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path

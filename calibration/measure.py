@@ -37,10 +37,8 @@ else 32000. Only the standard library is used (urllib + threads): ``prism.calibr
 
 from __future__ import annotations
 
-import csv
 import http.client
 import json
-import os
 import random
 import socket
 import statistics
@@ -54,6 +52,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from prism.errors import UserError
+from prism.output import write_csv
 
 HEADER = ("kind", "batch_size", "new_tokens", "cached_tokens", "context_tokens", "seconds")
 DEFAULT_VOCAB = 32000
@@ -425,14 +424,5 @@ def write_rows(rows: Sequence[Row], out: str | Path) -> Path:
     """Write the CSV atomically (a temporary file beside it, then rename)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(HEADER)
-            for r in rows:
-                w.writerow(r.cells())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_csv(out, HEADER, (r.cells() for r in rows))
     return out

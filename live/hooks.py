@@ -33,6 +33,7 @@ from typing import Any
 
 from prism.calibration.cost_model import CostModel
 from prism.core import PRIV, REUSE, SYS, SegmentedPrompt, SegmentTable
+from prism.output import write_atomic_text
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
 from prism.policies.registry import make_policies, policy_configs
 
@@ -43,12 +44,6 @@ CONFIG_ENV = "PRISM_LIVE_CONFIG"
 #: prism schedulers that SGLang runs natively (``--schedule-policy``), unhooked
 NATIVE_SCHEDULERS = {"fcfs": "fcfs", "lpm": "lpm", "dfs_weight": "dfs-weight"}
 BACKEND = "prism"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class _SyntheticRequest(SegmentedPrompt):
@@ -241,7 +236,7 @@ class LiveState:
 
     def save_counters(self) -> None:
         if self.counters_path is not None:
-            write_atomic(self.counters_path, json.dumps(self.snapshot(), sort_keys=True))
+            write_atomic_text(self.counters_path, json.dumps(self.snapshot(), sort_keys=True))
 
 
 _state: LiveState | None = None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prism.calibration import profiles
 from prism.errors import UserError
+from prism.output import write_atomic_text
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2",
                 "MistralForCausalLM": "mistral"}
@@ -88,7 +89,5 @@ def resolve_model(spec: str, dtype: str = "bfloat16", root: Path | None = None) 
     text = json.dumps(hf_config(m, dtype), indent=2, sort_keys=True) + "\n"
     target = folder / "config.json"
     if not target.exists() or target.read_text() != text:
-        tmp = folder / f".config.json.{os.getpid()}"
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        write_atomic_text(target, text)
     return ServedModel(folder, "dummy", m.vocab, m.context_length, m.key)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prism.errors import UserError
-from prism.metrics import RecordStream, RequestRecord, run_summary, write_json, write_requests_csv
+from prism.metrics import RUN_FILES, RecordStream, RequestRecord, run_summary, write_json, write_requests_csv
+from prism.output import prepare_run_dir, write_atomic_text
 from prism.settings import RunSpec
 
 from prism.live.client import ClientRecord, ReplayError, replay
@@ -32,6 +33,8 @@ from prism.live.requests import live_requests
 from prism.live.server import Server, flush_cache, http_json, wait_healthy
 
 ENGINE_KIND = "sglang"
+#: a live run's files: prism-sim's, the server's log and the plugin's (removed before a run starts)
+LIVE_RUN_FILES = (*RUN_FILES, "events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
 
 
 @dataclass
@@ -160,7 +163,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     served = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
     reqs = live_requests(spec.trace, served.vocab_size, served.context_length, spec.trace_source or "trace")
     dilation = opts.dilation if opts.pace else 1.0
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_dir(out, LIVE_RUN_FILES)  # one run per folder: an earlier run's files go, summary first
     server = None
     events = _Events(None)
     if opts.url:
@@ -168,9 +171,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     else:
         device = _device(opts)
         config = plugin_config(spec, opts, out)
-        for name in ("events.jsonl", "counters.json", "overruns.jsonl"):
-            (out / name).unlink(missing_ok=True)
-        (out / "plugin.json").write_text(json.dumps(config, indent=2))
+        write_atomic_text(out / "plugin.json", json.dumps(config, indent=2))
         env = {CONFIG_ENV: str((out / "plugin.json").resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0"}
         if device == "cpu":
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -212,8 +213,8 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             server.stop()
         summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
                               counters={k: v for k, v in (counters or {}).items() if isinstance(v, (int, float))},
-                              wall_s=time.perf_counter() - wall0)
-        summary.update({"complete": complete, "model": served.name, "paced": opts.pace,
+                              wall_s=time.perf_counter() - wall0, complete=complete)
+        summary.update({"model": served.name, "paced": opts.pace,
                         "dilation": dilation, "breakdown_from_server": server is not None})
         if records:
             write_requests_csv(records, out / "requests.csv")

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from prism.output import write_atomic_text, write_csv
 from prism.settings import RunSpec
 
 
@@ -50,6 +51,9 @@ class RequestRecord:
         return self.first_token - self.arrival
 
 
+#: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
+RUN_FILES = ("summary.json", "requests.csv")
+
 CSV_COLUMNS = [f.name for f in fields(RequestRecord)] + ["w_admit", "t_prefill", "t_1tok", "ttft"]
 
 
@@ -66,11 +70,8 @@ def _row(r: RequestRecord) -> list[str]:
 
 
 def write_requests_csv(records: Iterable[RequestRecord], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in sorted(records, key=lambda r: r.id):
-            w.writerow(_row(r))
+    """The whole ``requests.csv`` in request order, written atomically (a stream's file is replaced whole)."""
+    write_csv(path, CSV_COLUMNS, (_row(r) for r in sorted(records, key=lambda r: r.id)))
 
 
 class RecordStream:
@@ -126,11 +127,13 @@ def summarize(records: Sequence[RequestRecord], warmup: int = 0) -> dict[str, An
 
 def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind: str, kv_capacity_tokens: int,
                 counters: Mapping[str, int], wall_s: float,
-                served_infinite_cache_hit_rate: float | None = None) -> dict[str, Any]:
+                served_infinite_cache_hit_rate: float | None = None, complete: bool = True) -> dict[str, Any]:
     """``summary.json`` of a run: the run description, :func:`summarize` over ``records`` and what the engine
     reports (its KV capacity, its counters and the policies' own, the wall time). ``engine_kind`` says which
-    engine served the run ("sim": the simulator)."""
+    engine served the run ("sim": the simulator); ``complete`` is false for an interrupted run (``records``
+    are then the requests that finished)."""
     return {
+        "complete": complete,
         "method": spec.label,
         "scheduler": spec.scheduler,
         "eviction": spec.eviction,
@@ -152,4 +155,14 @@ def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind:
 
 
 def write_json(obj: Any, path: Path) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """``obj`` as indented JSON, written atomically."""
+    write_atomic_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """A run's ``summary.json``, or None where it is missing or unreadable (a run that never finished)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from prism.output import atomic_path  # noqa: E402
+
 
 def _series(agg: list[dict[str, Any]], metric: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     out = {}
@@ -54,12 +56,17 @@ def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, ext
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 
 
-def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> list[Path]:
+def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
+               folders: dict[tuple[str, float], Path] | None = None) -> list[Path]:
+    """The sweep's plots in ``out`` (each written atomically); a TTFT CDF plot of another QPS left by an
+    earlier sweep is removed. ``folders`` maps (method, qps) to the run folder of the CDF's curve (default:
+    the first ``runs/<method>/qps<Q>-seed*`` folder)."""
     paths = [
         _line_plot(agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
         _line_plot(agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
@@ -71,8 +78,11 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> l
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False
         for method, color in _colors(agg).items():
-            runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
-            if not runs:
+            if folders is None:
+                runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
+            else:
+                runs = [folders[(method, cdf_qps)]] if (method, cdf_qps) in folders else []
+            if not runs or not (runs[0] / "requests.csv").is_file():
                 continue
             with (runs[0] / "requests.csv").open() as f:
                 ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
@@ -87,7 +97,10 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None) -> l
             ax.legend(fontsize=7)
             fig.tight_layout()
             p = out / f"ttft_cdf_qps{cdf_qps:g}.png"
-            fig.savefig(p, dpi=120)
+            with atomic_path(p) as tmp:
+                fig.savefig(tmp, dpi=120)
             paths.append(p)
         plt.close(fig)
+    for stale in set(out.glob("ttft_cdf_qps*.png")) - set(paths):
+        stale.unlink()
     return paths

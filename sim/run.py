@@ -32,6 +32,15 @@ class SimResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
+class SimInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a simulation; ``result`` holds the requests that finished and their summary
+    (``complete``: false)."""
+
+    def __init__(self, result: SimResult, total: int) -> None:
+        super().__init__(f"interrupted after {len(result.records)} of {total} requests")
+        self.result, self.total = result, total
+
+
 def kv_capacity(config: EngineConfig, profile: Profile, trace: Trace) -> int:
     cap = config.max_total_tokens if config.max_total_tokens is not None else profile.kv_capacity_tokens
     biggest = max(trace.requests, key=lambda r: r.prompt_len + r.output_len)
@@ -86,13 +95,20 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     front = (FrontEnd(env, eng, policies.front_end, spec.deployment.window_s)
              if policies.front_end is not None else None)
     client = Client(env, front or eng, trace.requests, spec.engine.max_concurrency)
-    env.run(until=done)
-    bar.close()
 
-    counters = {**eng.counters, **policies.stats(), **(front.counters if front else {})}
-    summary = run_summary(
-        spec, records, engine_kind="sim", kv_capacity_tokens=capacity, counters=counters,
-        served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
-                                        if served_reference else None),
-        wall_s=time.perf_counter() - wall0)
-    return SimResult(records, summary, summary["counters"])
+    def result(complete: bool) -> SimResult:
+        counters = {**eng.counters, **policies.stats(), **(front.counters if front else {})}
+        summary = run_summary(
+            spec, records, engine_kind="sim", kv_capacity_tokens=capacity, counters=counters,
+            served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
+                                            if served_reference else None),
+            wall_s=time.perf_counter() - wall0, complete=complete)
+        return SimResult(records, summary, summary["counters"])
+
+    try:
+        env.run(until=done)
+    except KeyboardInterrupt:
+        bar.close()
+        raise SimInterrupted(result(False), total) from None
+    bar.close()
+    return result(True)

@@ -1,27 +1,38 @@
 """Sweeps: methods × QPS × seeds in parallel worker processes, results written as they arrive.
 
-Each run writes ``DIR/runs/<method>/qps<Q>-seed<S>/{summary.json,requests.csv}``; the sweep appends one row
-per finished run to ``DIR/summary.csv`` at once (an interrupted sweep loses nothing, and a rerun skips runs
-whose summary already exists with the same settings), then writes ``DIR/aggregate.csv`` (mean and 95%
-confidence interval per method and QPS) and the plots.
+Each run writes ``DIR/runs/<method>/qps<Q>-seed<S>/{summary.json,requests.csv}``; the sweep rewrites
+``DIR/summary.csv`` (atomically) as each run finishes, so an interrupted sweep loses nothing and a rerun skips
+runs whose summary exists whole with the same settings (a missing, truncated or unreadable one is run
+again), then writes ``DIR/aggregate.csv`` (mean and 95% confidence interval per method and QPS) and the plots.
+
+One folder holds one sweep: ``DIR/.sweep.lock`` (an ``flock``, released when the process dies, even killed)
+keeps a second sweep out while one runs, and ``DIR/sweep.json`` records the trace, the settings and the runs.
+A later sweep into the folder with the same trace and settings *merges*: its runs are added to the earlier
+ones, and summary.csv, aggregate.csv and the plots cover them all (finished runs are not simulated again).
+A sweep of other settings is refused unless ``force`` (then the earlier sweep's files are removed first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from scipy import stats as sps
 
-from prism.metrics import write_json, write_requests_csv
+from prism.errors import UserError
+from prism.metrics import read_summary, write_json, write_requests_csv
+from prism.output import check_out_file, prepare_out_dir, write_csv
 from prism.settings import settings_from
 
 from prism.sim.run import simulate
@@ -70,10 +81,9 @@ def run_task(task: RunTask) -> dict[str, Any]:
     """One run (in a worker): simulate, add the Belady reference, write the run folder; return the row."""
     folder = task.folder
     done = folder / "summary.json"
-    if done.is_file():
-        old = json.loads(done.read_text())
-        if old.get("sweep_digest") == task.digest():
-            return old
+    old = read_summary(done)  # None for a missing, truncated or unreadable summary: run again
+    if old is not None and old.get("sweep_digest") == task.digest() and old.get("complete", True):
+        return old
     spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
     res = simulate(spec, served_reference=True)
     summary = res.summary
@@ -82,6 +92,7 @@ def run_task(task: RunTask) -> dict[str, Any]:
         summary["belady_hit_rate"] = ref.summary["hit_rate"]
     summary["sweep_digest"] = task.digest()
     folder.mkdir(parents=True, exist_ok=True)
+    done.unlink(missing_ok=True)  # never a new requests.csv beside an old summary
     write_requests_csv(res.records, folder / "requests.csv")
     write_json(summary, done)
     return summary
@@ -129,6 +140,15 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: files a sweep writes at its folder's top (plots: these and ttft_cdf_qps<Q>.png)
+SWEEP_FILES = ("summary.csv", "aggregate.csv", "ttft_p99_vs_qps.png", "ttft_p50_vs_qps.png", "hit_rate_vs_qps.png")
+MANIFEST, LOCK = "sweep.json", ".sweep.lock"
+
+
+def _canonical(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
 @dataclass
 class Sweep:
     trace: str
@@ -139,35 +159,120 @@ class Sweep:
     out: Path
     belady: bool = True
     workers: int = 0
+    force: bool = False  # replace an earlier sweep of other settings in ``out`` (else refused)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    merged: list[RunTask] = field(default_factory=list)  # every run in the folder: earlier sweeps' and these
+    _locked: bool = False
 
     def tasks(self) -> list[RunTask]:
-        return [RunTask(self.trace, m, q, s, task_config(self.config, m, q, s), str(self.out), self.belady)
-                for q in self.qps for m in self.methods for s in self.seeds]
+        return [self._task(m, q, s) for q in self.qps for m in self.methods for s in self.seeds]
+
+    def _task(self, method: str, qps: float, seed: int) -> RunTask:
+        return RunTask(self.trace, method, qps, seed, task_config(self.config, method, qps, seed), str(self.out),
+                       self.belady)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold ``DIR/.sweep.lock`` (checks and creates the folder first); a second sweep gets a UserError."""
+        if self._locked:
+            yield
+            return
+        out = prepare_out_dir(self.out, "--out")
+        for name in (*SWEEP_FILES, MANIFEST, LOCK):
+            check_out_file(out / name, "--out")
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise UserError(f"another sweep (pid {holder}) is writing in this folder; wait for it or use "
+                                "another --out", f"--out {out}") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._locked = True
+            try:
+                yield
+            finally:
+                self._locked = False
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _merge_earlier(self) -> list[RunTask]:
+        """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""
+        where = f"--out {self.out}"
+        mine = {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
+        manifest = self.out / MANIFEST
+        earlier: list[RunTask] = []
+        if manifest.exists():
+            old = read_summary(manifest)  # a JSON object, or None
+            differs = ([k for k in mine if old.get(k) != mine[k]] if old is not None and "runs" in old
+                       else ["unreadable sweep.json"])
+            if differs and not self.force:
+                raise UserError(f"holds a sweep of other settings ({', '.join(differs)} differ); use another "
+                                "--out, or --force to replace it", where)
+            if not differs:
+                earlier = [self._task(m, float(q), int(s)) for m, q, s in old["runs"]]
+        elif any((self.out / n).exists() for n in ("summary.csv", "runs")) and not self.force:
+            raise UserError("holds a sweep without sweep.json (an older prism's); use another --out, or --force "
+                            "to replace it", where)
+        if self.force and not earlier:
+            self._remove_earlier()
+        keys = {(t.method, t.qps, t.seed) for t in earlier}
+        return earlier + [t for t in self.tasks() if (t.method, t.qps, t.seed) not in keys]
+
+    def _remove_earlier(self) -> None:
+        for name in (*SWEEP_FILES, MANIFEST):
+            (self.out / name).unlink(missing_ok=True)
+        for p in self.out.glob("ttft_cdf_qps*.png"):
+            p.unlink()
+        shutil.rmtree(self.out / "runs", ignore_errors=True)
 
     def run(self, on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        self.out.mkdir(parents=True, exist_ok=True)
-        tasks = self.tasks()
+        with self.lock():
+            return self._run(on_done)
+
+    def _run(self, on_done: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+        tasks = self.merged = self._merge_earlier()
+        write_json({"trace": self.trace, "config": self.config, "belady": self.belady,
+                    "runs": [[t.method, t.qps, t.seed] for t in tasks]}, self.out / MANIFEST)
+        order = {(t.method, t.qps, t.seed): i for i, t in enumerate(tasks)}
+        key = lambda r: (r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
         path = self.out / "summary.csv"
+        rows = {key(r): r for r in _read_rows(path) if key(r) in order}  # kept until their run reports again
         workers = self.workers or min(len(tasks), os.cpu_count() or 1)
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=ROW_FIELDS)
-            writer.writeheader()
-            f.flush()
-            for summary in _execute(tasks, workers):
-                row = row_of(summary)
-                self.rows.append(row)
-                writer.writerow({k: _fmt(v) for k, v in row.items()})
-                f.flush()
-                if on_done:
-                    on_done(row)
-        order = {(m, q, s): i for i, (q, m, s) in enumerate((t.qps, t.method, t.seed) for t in tasks)}
-        self.rows.sort(key=lambda r: order[(r["method"], float(r["qps"]), int(r["seed"]))])
-        _write_rows(path, ROW_FIELDS, self.rows)  # final file in a stable order
+
+        def save() -> None:
+            self.rows = sorted(rows.values(), key=lambda r: order[key(r)])
+            write_csv(path, ROW_FIELDS, ({k: _fmt(r.get(k, "")) for k in ROW_FIELDS} for r in self.rows))
+
+        for summary in _execute(tasks, workers):
+            row = row_of(summary)
+            rows[key(row)] = row
+            save()  # the whole file, atomically: never shorter than before the sweep
+            if on_done:
+                on_done(row)
+        save()
         agg = aggregate(self.rows)
         agg_fields = ["method", "qps", "seeds"] + [x for m in AGG_METRICS for x in (m, m + "_ci95")]
-        _write_rows(self.out / "aggregate.csv", agg_fields, agg)
+        write_csv(self.out / "aggregate.csv", agg_fields, ({k: _fmt(a.get(k, "")) for k in agg_fields} for a in agg))
         return agg
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, ValueError, csv.Error):
+        return []
+    good = []
+    for r in rows:
+        try:
+            float(r["qps"]), int(r["seed"])  # noqa: B018 (a row the key can read)
+        except (KeyError, TypeError, ValueError):
+            continue
+        good.append(r)
+    return good
 
 
 def _execute(tasks: list[RunTask], workers: int) -> Iterable[dict[str, Any]]:
@@ -179,11 +284,3 @@ def _execute(tasks: list[RunTask], workers: int) -> Iterable[dict[str, Any]]:
         futures = [pool.submit(run_task, t) for t in tasks]
         for fut in as_completed(futures):
             yield fut.result()
-
-
-def _write_rows(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt(r.get(k, "")) for k in fields})

@@ -92,10 +92,13 @@ def test_interrupted_run_keeps_finished_requests(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(engine_mod.Engine, "_finish", finish)
     out = tmp_path / "run"
     code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--out", str(out), "--no-progress"])
-    assert code == 130 and "interrupted" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 130 and "interrupted after 40 of 150 requests" in err and str(out) in err
+    assert len(err.strip().splitlines()) == 1
     rows = (out / "requests.csv").read_text().splitlines()
     assert len(rows) == 1 + 40 and rows[0].startswith("id,arrival")
-    assert not (out / "summary.json").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["num_requests"] == 40
 
 
 def test_example_config_loads_and_runs(tmp_path, capsys):

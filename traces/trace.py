@@ -26,6 +26,7 @@ import numpy as np
 
 from prism.core import KINDS, SYS, Request, Segment, SegmentTable
 from prism.errors import UserError
+from prism.output import atomic_path
 
 FORMAT_VERSION = 1
 
@@ -71,7 +72,7 @@ def save(trace: Trace, path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     declared: set[str] = set()
-    with p.open("w") as f:
+    with atomic_path(p) as tmp, tmp.open("w") as f:  # a reader never sees half a trace
         head = {"prism_trace": FORMAT_VERSION, "kind": trace.kind, "spec": trace.spec, "meta": trace.meta}
         f.write(json.dumps(head, sort_keys=True) + "\n")
         for r in trace.requests:

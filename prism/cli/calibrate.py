@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import yaml
 
@@ -15,6 +14,7 @@ from prism.calibration import profiles
 from prism.calibration.cost_model import load_profile, roofline
 from prism.cli.common import entry_point, table
 from prism.errors import UserError
+from prism.output import check_out_file, write_atomic_text
 
 GIB = 1 << 30
 
@@ -97,8 +97,9 @@ def show(args) -> None:
 
 def do_fit(args) -> None:
     profiles.gpu(args.gpu), profiles.model(args.model)  # validate names first
+    out = check_out_file(args.out, "-o")
+    check_out_file(out.with_suffix(".residuals.png"), "-o")
     m = fitting.read_measurements(args.measurements)
-    out = Path(args.out)
     report = fitting.fit(m, args.first_token_s, name=out.stem)
     c = report.cost
     doc = {"gpu": args.gpu, "model": args.model,
@@ -106,8 +107,7 @@ def do_fit(args) -> None:
            "fit": {"measurements": str(args.measurements), "rows_prefill": report.rows_prefill,
                    "rows_decode": report.rows_decode, "mape_prefill": report.mape_prefill,
                    "mape_decode": report.mape_decode}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_atomic_text(out, yaml.safe_dump(doc, sort_keys=False))
     plot = fitting.residual_plot(report, m, out.with_suffix(".residuals.png"))
     print(table([[k, f"{v:.6g}"] for k, v in c.coefficients().items()], ["coefficient", "value"]))
     print(f"MAPE prefill {report.mape_prefill * 100:.2f}% ({report.rows_prefill} iterations), "
@@ -127,6 +127,7 @@ def do_measure(args) -> None:
     if args.vocab is not None and args.vocab <= measuring.FIRST_ID + 1:
         raise UserError(f"--vocab must be > {measuring.FIRST_ID + 1}, got {args.vocab}")
     measuring.check_plan(plan, {})
+    check_out_file(args.out, "-o")  # before minutes of measuring
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     rows, summary = measuring.measure(args.url, plan, args.vocab, args.seed, log)
     out = measuring.write_rows(rows, args.out)
@@ -153,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.rows < 6 or args.noise < 0:
             raise UserError("--rows must be >= 6 and --noise >= 0")
+        out = check_out_file(args.out, "-o")
         cost = load_profile(args.profile).cost
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         fitting.write_measurements(fitting.synthetic_measurements(cost, args.rows, args.noise, args.seed), out)
         print(f"wrote {args.rows} synthetic iterations of {cost.name} to {out}")
     return 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.errors import UserError
+from prism.output import check_out_dir
 
 EPILOG = """\
 examples:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_pace_profile(args)
     opts = options(args)
     spec = spec_from_args(args)
-    out = out_dir(args, spec)
+    out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
     from tqdm import tqdm
 
     from prism.live.run import ReplayError, live_run

@@ -7,8 +7,9 @@ import sys
 
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
-from prism.metrics import RecordStream, write_json, write_requests_csv
-from prism.sim.run import simulate
+from prism.metrics import RUN_FILES, RecordStream, write_json, write_requests_csv
+from prism.output import prepare_run_dir
+from prism.sim.run import SimInterrupted, simulate
 
 EPILOG = """\
 examples:
@@ -20,6 +21,10 @@ examples:
 Settings come from --config (YAML sections: method, scheduler, eviction, profile, engine, trace and one
 section per policy with knobs), then --set KEY=VALUE, then the flags. The default engine keeps
 max_total_tokens=32768 KV tokens, so that eviction matters on the default trace.
+
+A run folder holds one run: a run removes an earlier summary.json before it streams requests.csv, so a
+requests.csv without summary.json is a run that was killed; Ctrl-C writes a partial summary.json
+(complete: false) beside the requests that finished.
 """
 
 
@@ -49,12 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_main(args_list[1:])
     args = parser().parse_args(args_list)
     spec = spec_from_args(args)
-    out = out_dir(args, spec)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_dir(out_dir(args, spec), RUN_FILES)
     stream = RecordStream(out / "requests.csv")  # an interrupted run keeps the requests it finished
     try:
         result = simulate(spec, progress=not args.no_progress and sys.stderr.isatty(), on_record=stream,
                           served_reference=True)
+    except SimInterrupted as e:
+        stream.close()
+        write_requests_csv(e.result.records, out / "requests.csv")
+        write_json(e.result.summary, out / "summary.json")
+        print(f"prism-sim: {e}; partial results in {out / 'requests.csv'} and {out / 'summary.json'} "
+              "(complete: false)", file=sys.stderr)
+        return 130
     finally:
         stream.close()
     s = result.summary

@@ -24,6 +24,10 @@ Methods are presets (%s) or SCHEDULER+EVICTION pairs such as qas+lru. Seeds are 
 0..N-1 (prompts and arrivals change with the seed). Writes DIR/summary.csv (a row per run, as runs finish),
 DIR/aggregate.csv (mean and 95%% CI per method and QPS), DIR/runs/<method>/qps<Q>-seed<S>/ and the plots
 ttft_p99_vs_qps.png, ttft_p50_vs_qps.png, hit_rate_vs_qps.png and ttft_cdf_qps<Q>.png.
+
+One sweep at a time writes in a folder (DIR/.sweep.lock). A sweep into a folder that holds an earlier sweep
+of the same trace and settings merges with it (its runs are kept, the tables and plots cover both); one of
+other settings is refused unless --force, which removes the earlier sweep's files first.
 """ % ", ".join(METHODS)
 
 
@@ -52,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-belady", action="store_true", help="skip the Belady reference runs (halves the cost)")
     p.add_argument("--cdf-qps", type=float, help="QPS of the TTFT CDF plot (default: the middle QPS)")
     p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
+    p.add_argument("--force", action="store_true", help="replace an earlier sweep of other settings in --out "
+                                                        "(default: refused; one of the same settings is merged)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -72,15 +78,20 @@ def main(argv: list[str]) -> int:
     seeds = [int(seed0) + i for i in range(args.seeds)]
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
-                  workers=args.workers)
-    total = len(sweep.tasks())
-    bar = tqdm(total=total, unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
-    agg = sweep.run(on_done=lambda row: bar.update(1))
-    bar.close()
+                  workers=args.workers, force=args.force)
     cdf = args.cdf_qps if args.cdf_qps is not None else sorted(qps)[len(qps) // 2]
-    plots = plot_sweep(out, agg, cdf)
+    with sweep.lock():  # one sweep at a time in a folder, plots included
+        bar = tqdm(unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
+        agg = sweep.run(on_done=lambda row: bar.update(1))
+        bar.close()
+        first_seed = {}
+        for t in sweep.merged:
+            first_seed.setdefault((t.method, t.qps), t.folder)
+        plots = plot_sweep(out, agg, cdf, first_seed)
+    total, merged = len(sweep.merged), len(sweep.merged) - len(sweep.tasks())
+    order = list(dict.fromkeys(t.method for t in sweep.merged))
     rows = []
-    for a in sorted(agg, key=lambda a: (methods.index(a["method"]), a["qps"])):
+    for a in sorted(agg, key=lambda a: (order.index(a["method"]), a["qps"])):
         rows.append([a["method"], a["qps"], f"{a['ttft_p50_s']:.3g} ± {a['ttft_p50_s_ci95']:.2g}",
                      f"{a['ttft_p99_s']:.3g} ± {a['ttft_p99_s_ci95']:.2g}", f"{a['hit_rate']:.3f}",
                      f"{a['belady_hit_rate']:.3f}" if "belady_hit_rate" in a else "-",
@@ -88,6 +99,8 @@ def main(argv: list[str]) -> int:
                      f"{a['infinite_cache_hit_rate']:.3f}", f"{a['throughput_rps']:.1f}"])
     print(table(rows, ["method", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_served",
                        "inf_trace", "throughput_rps"]))
+    if merged:
+        print(f"merged with an earlier sweep of the same settings in {out}: {merged} of the {total} runs are its")
     print(f"{total} runs; wrote {out / 'summary.csv'}, {out / 'aggregate.csv'} and "
           f"{', '.join(p.name for p in plots)} in {out}")
     return 0

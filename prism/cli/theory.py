@@ -9,7 +9,6 @@ than 20% are flagged.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -21,10 +20,12 @@ from prism.cli.common import entry_point, table
 from prism.cli.sweep import _floats
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
+from prism.output import atomic_path, check_out_file, write_csv
 from prism.settings import RunSpec, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 
 THRESHOLD = 0.20
+OUTPUTS = ("theory.json", "theory.csv", "theory.png")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--out", help="output folder (default runs/theory-<trace>-<method>)")
+    p.add_argument("--force", action="store_true", help="replace earlier runs of other settings in --out")
     return p
 
 
@@ -100,7 +102,8 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 
@@ -114,16 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = settings_from(task_config(base, args.method, qps[0], 0), where).resolve(args.trace)
     seed = int(spec.seed or 0)
     out = Path(args.out) if args.out else Path("runs") / f"theory-{Path(args.trace).stem}-{args.method}"
-    sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers)
-    sweep.run()
-    summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]
-    rows = compare(summaries, spec)
-    write_json(rows, out / "theory.json")
-    with (out / "theory.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    png = plot(rows, out / "theory.png", f"{args.method} on {Path(args.trace).name}: model vs simulation")
+    sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers,
+                  force=args.force)
+    with sweep.lock():  # checks --out before any simulation
+        for name in OUTPUTS:
+            check_out_file(out / name, "--out")
+        sweep.run()
+        summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]
+        rows = compare(summaries, spec)
+        write_json(rows, out / "theory.json")
+        write_csv(out / "theory.csv", list(rows[0]), rows)
+        png = plot(rows, out / "theory.png", f"{args.method} on {Path(args.trace).name}: model vs simulation")
     fmt = lambda v: "inf" if isinstance(v, float) and math.isinf(v) else v  # noqa: E731
     print(table([[r["qps"], r["hit_rate"], r["rho_model"], fmt(r["throughput_model"]), r["throughput_sim"],
                   fmt(r["ttft_p50_model"]), r["ttft_p50_sim"], fmt(r["ttft_p99_model"]), r["ttft_p99_sim"],

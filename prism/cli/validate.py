@@ -10,7 +10,6 @@ admission and retraction, with only the step times modelled (when paced).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from prism.cli.common import entry_point, table
 from prism.cli.live import add_live_flags, apply_pace_profile, options
 from prism.errors import UserError
 from prism.metrics import write_json
+from prism.output import atomic_path, check_out_file, prepare_out_dir, write_csv
 from prism.settings import merge_flags, read_config, settings_from
 
 HIT_POINTS, TTFT_REL = 0.02, 0.15
@@ -85,10 +85,9 @@ def plot(rows: list[list], path: Path) -> None:
         ax.set_xlabel("QPS")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 @entry_point("prism-live validate")
@@ -104,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         for q in rates:
             data = merge_flags(dict(base), args.overrides, method=m, profile=args.profile, qps=q, seed=args.seed)
             specs.append(settings_from(data, args.config or "settings").resolve(args.trace))
+    out = prepare_out_dir(args.out, "--out")
+    for name in ("validate.csv", "validate.json", "validate.png"):
+        check_out_file(out / name, "--out")
     from prism.live.run import ReplayError, live_run
     from prism.sim.run import simulate
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:
         where = out / spec.label / f"qps{spec.qps:g}"
@@ -121,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         rows.append(compare(spec.label, spec.qps, sim, live))
         print(table([rows[-1]], COLUMNS), flush=True)
-    with (out / ".validate.csv.tmp").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        w.writerows(rows)
-    (out / ".validate.csv.tmp").replace(out / "validate.csv")
+    write_csv(out / "validate.csv", COLUMNS, rows)
     write_json([dict(zip(COLUMNS, r)) for r in rows], out / "validate.json")
     plot(rows, out / "validate.png")
     print(table(rows, COLUMNS))

@@ -30,14 +30,27 @@ from prism.sim.radix_cache import RadixCache  # noqa: E402
 
 
 class Clock:
-    """Stands in for the ``time`` module inside SGLang's radix_cache: a logical monotonic clock."""
+    """Stands in for the ``time`` module inside SGLang's radix_cache: a logical monotonic clock. With ``tick``,
+    every reading is a hair later than the previous one (SGLang's own LRU breaks ties in access time by the
+    order of a set; ticks make its times follow the order nodes are stamped in, which is the simulator's
+    tie-break by node age)."""
 
-    def __init__(self, real) -> None:
-        self.now = 0.0
+    def __init__(self, real, tick: float = 0.0) -> None:
+        self._now = 0.0
+        self._tick = tick
         self._real = real
 
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self._now = value
+
     def monotonic(self) -> float:
-        return self.now
+        self._now += self._tick
+        return self._now
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -162,10 +175,9 @@ def test_sglang_cache_matches_the_simulator_step_by_step(policy, same_order, see
 @given(seed=st.integers(0, 10**6), page_size=st.sampled_from([1, 4]))
 def test_sglangs_own_lru_gives_the_simulators_hits_and_evicted_tokens(seed, page_size):
     """Unmodified SGLang RadixCache (its LRU strategy) against the simulator's LRU: equal hit lengths, evicted
-    tokens and sizes at every step. Ties in access time are rare here (one clock tick per operation) and break
-    by node age in the simulator, arbitrarily in SGLang's heap; the counts must still agree."""
+    tokens and sizes at every step (nodes stamped in one operation: see ``Clock``'s tick)."""
     with pytest.MonkeyPatch.context() as mp:
-        c = Clock(sgl_radix.time)
+        c = Clock(sgl_radix.time, tick=1e-9)
         mp.setattr(sgl_radix, "time", c)
         play(seed, page_size, lambda hints: LRU(hints=hints), check_order=False, clock=c, native=True)
 

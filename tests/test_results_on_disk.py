@@ -1,0 +1,222 @@
+"""Results on disk: written whole or not at all, a run folder never mixes runs, Ctrl-C leaves a partial
+summary, sweeps lock their folder, merge compatible earlier sweeps and re-run a truncated run."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from prism.cli.sim import main as sim_main
+from prism.errors import UserError
+from prism.output import atomic_path, prepare_run_dir, write_atomic_text
+
+SMALL = ["--set", "trace.num_requests=30"]
+
+# Runs prism-sim in a child process that stops at a chosen point (after N finished requests, or in the
+# middle of writing a file whose name contains HANG_IN), touches MARK and sleeps: the test then signals it.
+DRIVER = textwrap.dedent("""
+    import os, sys, time, pathlib
+    mark, after, hang_in = os.environ["MARK"], int(os.environ.get("AFTER", "0")), os.environ.get("HANG_IN", "")
+
+    def stop():
+        pathlib.Path(mark).touch()
+        time.sleep(60)
+
+    if after:
+        from prism.sim import engine
+        finish, n = engine.Engine._finish, [0]
+        def _finish(self, seq):
+            finish(self, seq)
+            n[0] += 1
+            if n[0] == after:
+                stop()
+        engine.Engine._finish = _finish
+    if hang_in:
+        write_text = pathlib.Path.write_text
+        def _write_text(self, data, *a, **k):
+            if hang_in in self.name:
+                with open(self, "w") as f:
+                    f.write(data[: len(data) // 2])
+                stop()
+            return write_text(self, data, *a, **k)
+        pathlib.Path.write_text = _write_text
+    from prism.cli.sim import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def _stopped_run(tmp_path, argv, sig, **env):
+    """Start the driver, wait until it stops where asked, send ``sig``; return (exit code, stderr)."""
+    mark = tmp_path / "mark"
+    mark.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}})
+    deadline = time.monotonic() + 120
+    while not mark.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def _sim(out, *extra):
+    return ["--trace", "zipf", "--method", "fcfs", *SMALL, "--no-progress", "--out", str(out), *extra]
+
+
+def test_complete_run_says_so(tmp_path, capsys):
+    assert sim_main(_sim(tmp_path / "run")) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"] is True
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_sigkill_mid_run_leaves_no_stale_summary(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert sim_main(_sim(out)) == 0  # an earlier, complete run in the folder
+    code, _ = _stopped_run(tmp_path, _sim(out, "--qps", "30"), signal.SIGKILL, AFTER=10)
+    assert code == -signal.SIGKILL
+    # the new run's requests.csv is there (streamed), the old run's summary is not beside it
+    assert (out / "requests.csv").exists() and not (out / "summary.json").exists()
+
+
+def test_sigint_writes_partial_summary(tmp_path):
+    out = tmp_path / "run"
+    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, AFTER=12)
+    assert code == 130
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted after 12 of 30 requests" in err and str(out / "summary.json") in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["num_requests"] == 12
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    assert len(rows) == 12 and [int(r["id"]) for r in rows] == sorted(int(r["id"]) for r in rows)
+
+
+def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _ = _stopped_run(tmp_path, _sim(out), signal.SIGKILL, HANG_IN="summary")
+    assert code == -signal.SIGKILL
+    assert not (out / "summary.json").exists()  # half of it is in a temporary file, never under this name
+    assert len(list(csv.DictReader((out / "requests.csv").open()))) == 30
+    assert [p.name for p in out.glob(".summary.*.tmp.json")]
+    assert sim_main(_sim(out)) == 0  # the next run into the folder clears the leftover
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+
+
+def _sweep(out, methods="fcfs", qps="20", *extra):
+    return ["sweep", "--trace", "zipf", "--methods", methods, "--qps", qps, *SMALL, "--workers", "1",
+            "--no-belady", "--no-progress", "--out", str(out), *extra]
+
+
+def _rows(out, name="summary.csv"):
+    return [(r["method"], float(r["qps"])) for r in csv.DictReader((out / name).open())]
+
+
+def test_truncated_run_summary_is_run_again(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    run = out / "runs" / "fcfs" / "qps20-seed0" / "summary.json"
+    kept = out / "runs" / "fcfs" / "qps30-seed0" / "summary.json"
+    first_kept = kept.read_text()
+    run.write_text(run.read_text()[:100])  # what a kill during a non-atomic write used to leave
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    assert json.loads(run.read_text())["complete"] is True
+    assert kept.read_text() == first_kept  # a finished run is not simulated again
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
+def test_sigkill_while_writing_summary_csv_keeps_the_old_one(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20")) == 0
+    before = (out / "summary.csv").read_text()
+    code, _ = _stopped_run(tmp_path, _sweep(out, "fcfs", "30"), signal.SIGKILL, HANG_IN="summary.")
+    assert code == -signal.SIGKILL
+    assert (out / "summary.csv").read_text() == before  # whole, and not shorter than before
+    # the lock died with the process: the next sweep runs and finishes both
+    assert sim_main(_sweep(out, "fcfs", "30")) == 0
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
+def test_two_sweeps_of_other_methods_merge(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20")) == 0
+    assert sim_main(_sweep(out, "sglang", "20,30", "--cdf-qps", "30")) == 0
+    assert "merged with an earlier sweep" in capsys.readouterr().out
+    want = [("fcfs", 20.0), ("sglang", 20.0), ("sglang", 30.0)]
+    assert _rows(out) == want and _rows(out, "aggregate.csv") == want
+    assert not (out / "ttft_cdf_qps20.png").exists() and (out / "ttft_cdf_qps30.png").exists()
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["runs"] == [["fcfs", 20.0, 0], ["sglang", 20.0, 0], ["sglang", 30.0, 0]]
+
+
+def test_sweep_of_other_settings_is_refused_unless_forced(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20")) == 0
+    capsys.readouterr()
+    other = [*_sweep(out, "sglang", "30"), "--set", "engine.max_running_requests=8"]
+    before = (out / "summary.csv").read_text()
+    assert sim_main(other) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config differ" in err and "--force" in err and str(out) in err
+    assert (out / "summary.csv").read_text() == before
+    assert sim_main([*other, "--force"]) == 0
+    assert _rows(out) == [("sglang", 30.0)] and _rows(out, "aggregate.csv") == [("sglang", 30.0)]
+    assert not (out / "runs" / "fcfs").exists() and not (out / "ttft_cdf_qps20.png").exists()
+
+
+def test_second_concurrent_sweep_is_refused(tmp_path, capsys):
+    out = tmp_path / "sw"
+    out.mkdir()
+    with open(out / ".sweep.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        assert sim_main(_sweep(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another sweep (pid 4242)" in err
+    assert not (out / "summary.csv").exists()
+    assert sim_main(_sweep(out)) == 0  # released
+
+
+def test_sweep_without_manifest_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "sw"
+    out.mkdir()
+    (out / "summary.csv").write_text("method,qps\nold,1\n")
+    assert sim_main(_sweep(out)) == 2
+    assert "without sweep.json" in capsys.readouterr().err
+    assert (out / "summary.csv").read_text() == "method,qps\nold,1\n"
+
+
+def test_atomic_helpers(tmp_path):
+    target = tmp_path / "a.json"
+    write_atomic_text(target, "old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("summary.json", "requests.csv", "keep.txt"):
+        (folder / name).write_text("x")
+    prepare_run_dir(folder, ("summary.json", "requests.csv"))
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"]
+    with pytest.raises(UserError, match="file.txt is a file"):
+        (tmp_path / "file.txt").write_text("")
+        prepare_run_dir(tmp_path / "file.txt" / "x", ())
+
+
+def test_live_run_folder_policy_lists_the_plugin_files():
+    from prism.live.run import LIVE_RUN_FILES
+
+    assert LIVE_RUN_FILES[0] == "summary.json"  # removed first
+    assert {"requests.csv", "events.jsonl", "counters.json", "overruns.jsonl", "server.log"} <= set(LIVE_RUN_FILES)
