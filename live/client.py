@@ -114,12 +114,16 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
+                failed = None
+                for t in done:  # every outcome is read: when a server dies, many streams fail at once
                     exc = t.exception()
-                    if exc is not None:
-                        raise exc if isinstance(exc, ReplayError) else ReplayError(
-                            f"{type(exc).__name__}: {exc}".strip(": "))
-                    on_record(t.result())
+                    if exc is None:
+                        on_record(t.result())
+                    elif failed is None:
+                        failed = exc
+                if failed is not None:
+                    raise failed if isinstance(failed, ReplayError) else ReplayError(
+                        f"{type(failed).__name__}: {failed}".strip(": "))
                 if alive is not None and (why := alive()):
                     raise ReplayError(why)
         finally:
