@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from prism.config import choice, positive
+from prism.config import choice, positive, rate
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
 from prism.errors import UserError
 
@@ -54,7 +54,7 @@ CONFIRMATIONS = ("Yes, please go ahead.", "Okay, that works for me.", "Yes, I co
 @dataclass
 class AgentSpec(GeneratedTraceSpec):
     kind: str = "agent"
-    qps: float = positive(40.0, "mean arrival rate, requests/s")
+    qps: float = rate(40.0, "mean arrival rate, requests/s")
     domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
     data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
     concurrent_sessions: int = positive(16, "sessions whose calls interleave")
