@@ -252,6 +252,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise UserError(f"--set {text!r}: empty key")
     try:
         value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
+    except yaml.constructor.ConstructorError as e:
+        raise UserError(f"--set {text!r}: {' '.join(str(e.problem).split())}") from None
     except yaml.YAMLError:
         value = raw
     return path, value

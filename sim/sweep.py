@@ -91,6 +91,8 @@ def run_task(task: RunTask) -> dict[str, Any]:
     spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
     res = simulate(spec, served_reference=True)
     summary = res.summary
+    if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
+        summary["seed"] = task.seed
     if task.belady:
         ref = simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady"))
         summary["belady_hit_rate"] = ref.summary["hit_rate"]

@@ -101,6 +101,15 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
     return GENERATORS[spec.kind][1](spec)
 
 
+def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:
+    """Validate a trace source with its overrides without generating a spec's trace (before a sweep starts)."""
+    p = resolve(source)
+    if is_materialized(p):
+        load_trace(source, overrides)
+    else:
+        load_spec(p, dict(overrides or {}))
+
+
 def spec_seed(source: str) -> int:
     """The seed a spec file names (0 for a materialized trace), without generating the trace."""
     p = resolve(source)

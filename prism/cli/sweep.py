@@ -14,7 +14,7 @@ from prism.policies.registry import METHODS
 from prism.sim.plots import plot_sweep
 from prism.settings import check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
-from prism.traces.spec import is_materialized, resolve, spec_seed
+from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
 
 EPILOG = """\
 example:
@@ -70,7 +70,9 @@ def main(argv: list[str]) -> int:
     materialized = is_materialized(resolve(args.trace))
     check_knobs_used(base, methods, where)
     for m in methods:  # validate every combination before starting workers
-        settings_from(task_config(base, m, qps[0], None if materialized else 0), where)
+        cfg = task_config(base, m, qps[0], None if materialized else 0)
+        settings_from(cfg, where)
+    check_source(args.trace, cfg["trace"])
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
     seed0 = (base.get("trace") or {}).get("seed", spec_seed(args.trace))
