@@ -56,6 +56,9 @@ GARBAGE = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\xfa garbage \x80\x81"
 BAD_UTF8 = b"kind: zipf_hotspot\nqps: 40 \xff\xfe\n"
 NUL_YAML = b"kind: zipf_hotspot\n\x00qps: 40\n"
 
+MH_SPEC = "kind: zipf_hotspot\ncorpus: multihop_rag\ncorpus_path: {d}/mh\n"
+AGENT_SPEC = "kind: agent\ndomain: airline\ndata_path: {d}/tb\n"
+
 # (id, cli, files {name: text or bytes}, argv ({d}: the case's folder), fragment of the one line)
 CASES = [
     # --- binary garbage in every kind of input file ---
@@ -138,6 +141,21 @@ CASES = [
      {"t.jsonl": jl(HEAD, {"seg": "big", "kind": "reuse", "first": 9}, {"id": 0, "t": 0, "segs": [["big", 40000]],
                                                                         "out": 1})},
      ["--trace", "{d}/t.jsonl"], "segment 'big' has 40000 tokens, more than the whole KV pool"),
+    # --- data folders a spec names ---
+    ("multihop-passages-garbage", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": GARBAGE,
+                                          "mh/queries.json": "[]"}, ["--trace", "{d}/s.yaml"],
+     "evidence_passages.jsonl:1"),
+    ("multihop-passage-bare-number", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n3\n',
+                                             "mh/queries.json": "[]"}, ["--trace", "{d}/s.yaml"],
+     "evidence_passages.jsonl:2: bad passage record"),
+    ("multihop-queries-bad-json", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n',
+                                          "mh/queries.json": "[\n{oops"}, ["--trace", "{d}/s.yaml"],
+     "queries.json:2: invalid JSON"),
+    ("multihop-queries-nul", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n',
+                                     "mh/queries.json": b"[\x00]"}, ["--trace", "{d}/s.yaml"], "queries.json:1: NUL"),
+    ("agent-tools-garbage", "sim", {"s.yaml": AGENT_SPEC, "tb/airline/policy.md": "p", "tb/airline/tools.json": GARBAGE},
+     ["--trace", "{d}/s.yaml"], "tools.json:1"),
+    ("agent-data-missing", "sim", {"s.yaml": AGENT_SPEC}, ["--trace", "{d}/s.yaml"], "τ-bench data not found"),
     # --- raw Mooncake files ---
     ("mooncake-non-monotonic", "sim", {"m.jsonl": jl(mc(1000), mc(500))}, ["--trace", "{d}/m.jsonl"],
      "m.jsonl:2: field 'timestamp'"),
@@ -487,7 +505,7 @@ def test_bad_input(tmp_path, capsys, cli, files, argv, fragment):
     for name, content in files.items():
         p = tmp_path / name
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        p.write_bytes(content if isinstance(content, bytes) else content.replace("{d}", str(tmp_path)).encode())
     code, err = run_cli(cli, _argv(cli, argv, str(tmp_path)), capsys)
     assert code == 2, err
     assert "Traceback" not in err

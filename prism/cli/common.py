@@ -19,7 +19,7 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
             try:
                 code = fn(argv)
             except UserError as e:
-                print(f"{prog}: error: {e}", file=sys.stderr)
+                print(f"{prog}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)  # one line, always
                 code = 2
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
