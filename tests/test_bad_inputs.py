@@ -8,6 +8,7 @@ server or network call (those are replaced by stubs that fail the test if reache
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -58,6 +59,136 @@ NUL_YAML = b"kind: zipf_hotspot\n\x00qps: 40\n"
 
 MH_SPEC = "kind: zipf_hotspot\ncorpus: multihop_rag\ncorpus_path: {d}/mh\n"
 AGENT_SPEC = "kind: agent\ndomain: airline\ndata_path: {d}/tb\n"
+
+# One file's content a line: id | fragment | content (backslash escapes; {GOOD}: a valid profile, {HEAD}: the
+# CSV header, {PREFILLS}/{DECODES}: three valid rows of each kind)
+PROFILE_CASES = r"""
+profile-unknown-gpu          | p.yaml: unknown GPU 'tpu'       | gpu: tpu\nmodel: qwen3-4b-instruct-2507\n
+profile-coefficients-list    | field 'coefficients'            | {GOOD}coefficients: [1, 2]\n
+profile-coefficient-negative | coefficients: field 'a_p'       | {GOOD}coefficients: {a_p: -1}\n
+profile-coefficient-nan      | field 'c_d'                     | {GOOD}coefficients: {c_d: .nan}\n
+profile-efficiency-over-1    | efficiency: field 'prefill_mfu' | {GOOD}efficiency: {prefill_mfu: 2}\n
+profile-unknown-field        | unknown field 'turbo'           | {GOOD}turbo: 1\n
+profile-missing-model        | needs 'gpu' and 'model'         | gpu: a800-80g\n
+profile-gpu-list             | field 'gpu'                     | gpu: [a, b]\nmodel: llama-2-13b\n
+"""
+FIT_CASES = r"""
+fit-csv-nul                  | m.csv:2: NUL                               | {HEAD}prefill,1,\x00,0,,0.1\n
+fit-csv-identical-rows       | the prefill rows cannot identify b_p       | {HEAD}prefill,1,128,0,,0.01\nprefill,1,128,0,,0.01\nprefill,1,128,0,,0.01\n{DECODES}
+fit-csv-context-proportional | the decode rows cannot identify c_d        | {HEAD}{PREFILLS}decode,1,,,512,0.01\ndecode,8,,,4096,0.02\ndecode,32,,,16384,0.04\n
+fit-csv-missing-column       | m.csv:1: missing column 'new_tokens'       | kind,batch_size,seconds\nprefill,1,0.1\n
+fit-csv-bad-kind             | m.csv:2: field 'kind'                      | {HEAD}warmup,1,128,0,,0.01\n
+fit-csv-seconds-nan          | m.csv:2: field 'seconds'                   | {HEAD}prefill,1,128,0,,nan\n
+fit-csv-seconds-1e400        | m.csv:5: field 'seconds'                   | {HEAD}{PREFILLS}decode,1,,,512,1e400\n
+fit-csv-seconds-zero         | m.csv:2: field 'seconds'                   | {HEAD}prefill,1,128,0,,0\n
+fit-csv-batch-zero           | m.csv:2: field 'batch_size'                | {HEAD}prefill,0,128,0,,0.1\n
+fit-csv-list-mismatch        | m.csv:2                                    | {HEAD}prefill,2,128;64,0,,0.1\n
+fit-csv-too-few-rows         | needs at least 3 prefill and 3 decode rows | {HEAD}{PREFILLS}
+fit-csv-ragged-row           | m.csv:2                                    | {HEAD}prefill,1,128\n
+"""
+
+
+def file_cases(text: str, cli: str, name: str, argv: list[str]) -> list[tuple]:
+    fill = {"{GOOD}": GOOD_PROFILE, "{HEAD}": CSV_HEAD, "{PREFILLS}": PREFILLS, "{DECODES}": DECODES}
+    out = []
+    for line in text.strip().splitlines():
+        case, fragment, content = (part.strip() for part in line.split(" | "))
+        content = content.encode().decode("unicode_escape")
+        for key, value in fill.items():
+            content = content.replace(key, value)
+        out.append((case, cli, {name: content}, argv, fragment))
+    return out
+
+
+# Cases on the built-in zipf spec, one a line: id | CLI [subcommand] | flags (shell words) | fragment
+ZIPF_CASES = """
+qps-inf                         | sim           | --qps inf | field 'qps': must be a finite number
+qps-nan                         | sim           | --qps nan | field 'qps'
+qps-1e-300                      | sim           | --qps 1e-300 | field 'qps': must be >= 0.001
+qps-1e9                         | sim           | --qps 1e9 | field 'qps': must be <= 1000000
+qps-minus-inf                   | sim           | --qps=-inf | field 'qps'
+seed-negative                   | sim           | --seed -1 | field 'seed': must be >= 0
+num-requests-1e12               | sim           | --set trace.num_requests=1000000000000 | field 'num_requests': must be <= 1000000
+num-requests-zero               | sim           | --set trace.num_requests=0 | field 'num_requests'
+num-requests-float              | sim           | --set trace.num_requests=1.5 | field 'num_requests': must be an integer
+page-larger-than-kv             | sim           | --set engine.page_size=40000 | engine.page_size
+warmup-whole-trace              | sim           | --set engine.warmup_requests=20 | engine.warmup_requests: 20 warm-up requests leave none
+warmup-negative                 | sim           | --set engine.warmup_requests=-1 | field 'warmup_requests'
+kv-zero                         | sim           | --set engine.max_total_tokens=0 | field 'max_total_tokens'
+kv-inf                          | sim           | --set engine.max_total_tokens=.inf | field 'max_total_tokens'
+chunk-negative                  | sim           | --set engine.chunked_prefill_size=-5 | field 'chunked_prefill_size'
+running-bool                    | sim           | --set engine.max_running_requests=true | field 'max_running_requests'
+arrival-cv-nan                  | sim           | --set trace.arrival_cv=.nan | field 'arrival_cv'
+output-len-over-kv              | sim           | --set trace.output_len=1000000 | engine.max_total_tokens
+qas-weight-inf                  | sim           | --method prism --set qas.w_a=.inf | qas: field 'w_a'
+dart-f-negative                 | sim           | --method prism --set dart.f=-1 | dart: field 'f'
+klpm-k-zero                     | sim           | --method klpm --set klpm.k=0 | klpm: field 'k'
+set-duplicate-key               | sim           | --set 'engine={page_size: 1, page_size: 2}' | given twice
+unused-qas-under-sglang         | sim           | --set qas.q_cold=4 | section 'qas': no policy of sglang reads
+unused-klpm-under-sglang        | sim           | --set klpm.k=0 | section 'klpm'
+unused-contextpilot-under-prism | sim           | --method prism --set contextpilot.tree_size=5 | section 'contextpilot'
+unused-dart-under-qas-lru       | sim           | --method qas+lru --set dart.f=3 | section 'dart'
+profile-missing-file            | sim           | --profile '{d}/none.yaml' | none.yaml: no such file
+set-without-equals              | sim           | --set engine.page_size | --set 'engine.page_size'
+set-into-a-value                | sim           | --set engine=5 --set engine.page_size=2 | 'engine' is not a section
+argparse-qps-word               | sim           | --qps abc | --qps: invalid float value
+argparse-seed-float             | sim           | --seed 1.5 | --seed: invalid int value
+argparse-unknown-flag           | sim           | --turbo | unrecognized arguments: --turbo
+sweep-qps-inf                   | sim sweep     | --qps 40,inf | --qps
+sweep-qps-zero                  | sim sweep     | --qps 0 | --qps
+sweep-qps-nan                   | sim sweep     | --qps nan | --qps
+sweep-qps-1e-300                | sim sweep     | --qps 1e-300 | --qps
+sweep-qps-words                 | sim sweep     | --qps a,b | --qps
+sweep-workers-negative          | sim sweep     | --workers -1 | --workers
+sweep-seeds-zero                | sim sweep     | --seeds 0 | --seeds
+sweep-seeds-huge                | sim sweep     | --seeds 100000 | --seeds
+sweep-methods-empty             | sim sweep     | --methods , | --methods
+sweep-methods-unknown           | sim sweep     | --methods sglang,magic | unknown method 'magic'
+sweep-cdf-qps-not-run           | sim sweep     | --qps 10,20 --cdf-qps 33 | --cdf-qps
+sweep-unused-knobs              | sim sweep     | --methods sglang,klpm --set qas.q_cold=4 | section 'qas': no policy of sglang, klpm
+sweep-num-requests-1e12         | sim sweep     | --set trace.num_requests=1000000000000 | num_requests
+sweep-argparse-workers          | sim sweep     | --workers x | --workers
+theory-qps-inf                  | theory        | --qps 10,inf | --qps
+theory-qps-negative             | theory        | --qps -1 | --qps
+theory-workers-negative         | theory        | --workers -1 | --workers
+theory-unknown-method           | theory        | --method magic | unknown method
+theory-unused-knobs             | theory        | --method sglang --set qas.q_cold=4 | section 'qas'
+theory-page-size-zero           | theory        | --set engine.page_size=0 | page_size
+theory-argparse-workers         | theory        | --workers 1.5 | --workers
+live-dilation-nan               | live          | --pace --dilation nan | --dilation
+live-dilation-inf               | live          | --pace --dilation inf | --dilation
+live-dilation-zero              | live          | --dilation 0 | --dilation
+live-port-zero                  | live          | --port 0 | --port
+live-port-huge                  | live          | --port 70000 | --port
+live-startup-timeout-nan        | live          | --startup-timeout nan | --startup-timeout
+live-request-timeout-negative   | live          | --request-timeout -1 | --request-timeout
+live-url-ftp                    | live          | --url ftp://x | --url
+live-url-port                   | live          | --url http://h:99999 | --url
+live-unknown-model              | live          | --model nosuchmodel | unknown model 'nosuchmodel'
+live-model-missing-folder       | live          | --model /nonexistent/model | /nonexistent/model: expected a model folder
+live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --profile h100-sxm-80g:qwen3-8b | disagree
+live-pace-bogus                 | live          | --pace bogus | 'bogus'
+live-belady                     | live          | --eviction belady | simulator only
+live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
+live-qps-inf                    | live          | --qps inf | field 'qps'
+live-unused-knobs               | live          | --set qas.q_cold=4 | section 'qas'
+live-argparse-port              | live          | --port x | --port
+validate-qps-inf                | live validate | --qps inf | --qps
+validate-methods-empty          | live validate | --methods , | --methods
+validate-belady                 | live validate | --methods fcfs+belady | simulator only
+validate-dilation-zero          | live validate | --dilation 0 | --dilation
+validate-unused-knobs           | live validate | --methods sglang,fcfs --set qas.q_cold=2 | section 'qas'
+"""
+
+
+def zipf_cases(text: str) -> list[tuple]:
+    out = []
+    for line in text.strip().splitlines():
+        case, prog, flags, fragment = (part.strip() for part in line.split(" | "))
+        cli, *sub = prog.split()
+        out.append((case, cli, {}, sub + ["--trace", "zipf", *shlex.split(flags)], fragment))
+    return out
+
 
 # (id, cli, files {name: text or bytes}, argv ({d}: the case's folder), fragment of the one line)
 CASES = [
@@ -153,8 +284,8 @@ CASES = [
      "queries.json:2: invalid JSON"),
     ("multihop-queries-nul", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n',
                                      "mh/queries.json": b"[\x00]"}, ["--trace", "{d}/s.yaml"], "queries.json:1: NUL"),
-    ("agent-tools-garbage", "sim", {"s.yaml": AGENT_SPEC, "tb/airline/policy.md": "p", "tb/airline/tools.json": GARBAGE},
-     ["--trace", "{d}/s.yaml"], "tools.json:1"),
+    ("agent-tools-garbage", "sim", {"s.yaml": AGENT_SPEC, "tb/airline/policy.md": "p",
+                                    "tb/airline/tools.json": GARBAGE}, ["--trace", "{d}/s.yaml"], "tools.json:1"),
     ("agent-data-missing", "sim", {"s.yaml": AGENT_SPEC}, ["--trace", "{d}/s.yaml"], "τ-bench data not found"),
     # --- raw Mooncake files ---
     ("mooncake-non-monotonic", "sim", {"m.jsonl": jl(mc(1000), mc(500))}, ["--trace", "{d}/m.jsonl"],
@@ -185,17 +316,6 @@ CASES = [
     ("mooncake-qps-inf", "sim", {"m.jsonl": jl(mc(0), mc(5))}, ["--trace", "{d}/m.jsonl", "--qps", "inf"],
      "field 'qps'"),
     # --- numbers ---
-    ("qps-inf", "sim", {}, ["--trace", "zipf", "--qps", "inf"], "field 'qps': must be a finite number"),
-    ("qps-nan", "sim", {}, ["--trace", "zipf", "--qps", "nan"], "field 'qps'"),
-    ("qps-1e-300", "sim", {}, ["--trace", "zipf", "--qps", "1e-300"], "field 'qps': must be >= 0.001"),
-    ("qps-1e9", "sim", {}, ["--trace", "zipf", "--qps", "1e9"], "field 'qps': must be <= 1000000"),
-    ("qps-minus-inf", "sim", {}, ["--trace", "zipf", "--qps=-inf"], "field 'qps'"),
-    ("seed-negative", "sim", {}, ["--trace", "zipf", "--seed", "-1"], "field 'seed': must be >= 0"),
-    ("num-requests-1e12", "sim", {}, ["--trace", "zipf", "--set", "trace.num_requests=1000000000000"],
-     "field 'num_requests': must be <= 1000000"),
-    ("num-requests-zero", "sim", {}, ["--trace", "zipf", "--set", "trace.num_requests=0"], "field 'num_requests'"),
-    ("num-requests-float", "sim", {}, ["--trace", "zipf", "--set", "trace.num_requests=1.5"],
-     "field 'num_requests': must be an integer"),
     ("jsonl-qps-inf", "sim", {"t.jsonl": GOOD_TRACE}, ["--trace", "{d}/t.jsonl", "--qps", "inf"], "trace.qps"),
     ("jsonl-num-requests-zero", "sim", {"t.jsonl": GOOD_TRACE},
      ["--trace", "{d}/t.jsonl", "--set", "trace.num_requests=0"], "trace.num_requests"),
@@ -203,25 +323,6 @@ CASES = [
      ["--trace", "{d}/t.jsonl", "--set", "trace.num_requests=1000000000000"], "trace.num_requests"),
     ("jsonl-seed-override", "sim", {"t.jsonl": GOOD_TRACE}, ["--trace", "{d}/t.jsonl", "--seed", "3"],
      "cannot override 'seed'"),
-    ("page-larger-than-kv", "sim", {}, ["--trace", "zipf", "--set", "engine.page_size=40000"], "engine.page_size"),
-    ("warmup-whole-trace", "sim", {}, ["--trace", "zipf", "--set", "engine.warmup_requests=20"],
-     "engine.warmup_requests: 20 warm-up requests leave none"),
-    ("warmup-negative", "sim", {}, ["--trace", "zipf", "--set", "engine.warmup_requests=-1"],
-     "field 'warmup_requests'"),
-    ("kv-zero", "sim", {}, ["--trace", "zipf", "--set", "engine.max_total_tokens=0"], "field 'max_total_tokens'"),
-    ("kv-inf", "sim", {}, ["--trace", "zipf", "--set", "engine.max_total_tokens=.inf"],
-     "field 'max_total_tokens'"),
-    ("chunk-negative", "sim", {}, ["--trace", "zipf", "--set", "engine.chunked_prefill_size=-5"],
-     "field 'chunked_prefill_size'"),
-    ("running-bool", "sim", {}, ["--trace", "zipf", "--set", "engine.max_running_requests=true"],
-     "field 'max_running_requests'"),
-    ("arrival-cv-nan", "sim", {}, ["--trace", "zipf", "--set", "trace.arrival_cv=.nan"], "field 'arrival_cv'"),
-    ("output-len-over-kv", "sim", {}, ["--trace", "zipf", "--set", "trace.output_len=1000000"],
-     "engine.max_total_tokens"),
-    ("qas-weight-inf", "sim", {}, ["--trace", "zipf", "--method", "prism", "--set", "qas.w_a=.inf"],
-     "qas: field 'w_a'"),
-    ("dart-f-negative", "sim", {}, ["--trace", "zipf", "--method", "prism", "--set", "dart.f=-1"], "dart: field 'f'"),
-    ("klpm-k-zero", "sim", {}, ["--trace", "zipf", "--method", "klpm", "--set", "klpm.k=0"], "klpm: field 'k'"),
     ("mooncake-segment-tokens", "sim", {"s.yaml": "kind: mooncake\nsegment_tokens: 300\n"},
      ["--trace", "{d}/s.yaml"], "segment_tokens"),
     # --- silently wrong choices ---
@@ -236,40 +337,14 @@ CASES = [
      ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:3"),
     ("profile-duplicate-key", "sim", {"p.yaml": GOOD_PROFILE + "gpu: h100-sxm-80g\n"},
      ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml:3"),
-    ("set-duplicate-key", "sim", {}, ["--trace", "zipf", "--set", "engine={page_size: 1, page_size: 2}"],
-     "given twice"),
-    ("unused-qas-under-sglang", "sim", {}, ["--trace", "zipf", "--set", "qas.q_cold=4"],
-     "section 'qas': no policy of sglang reads"),
-    ("unused-klpm-under-sglang", "sim", {}, ["--trace", "zipf", "--set", "klpm.k=0"], "section 'klpm'"),
     ("unused-dart-in-config", "sim", {"c.yaml": "method: fcfs\ndart: {f: 8}\n"},
      ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml: section 'dart'"),
-    ("unused-contextpilot-under-prism", "sim", {}, ["--trace", "zipf", "--method", "prism", "--set",
-                                                    "contextpilot.tree_size=5"], "section 'contextpilot'"),
-    ("unused-dart-under-qas-lru", "sim", {}, ["--trace", "zipf", "--method", "qas+lru", "--set", "dart.f=3"],
-     "section 'dart'"),
     # --- misleading messages: folders, profiles ---
     ("trace-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "{d}/sub"], "sub: is a directory"),
     ("config-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "zipf", "--config", "{d}/sub"],
      "sub: is a directory"),
     ("profile-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "zipf", "--profile", "{d}/sub"],
      "sub: is a directory"),
-    ("profile-missing-file", "sim", {}, ["--trace", "zipf", "--profile", "{d}/none.yaml"], "none.yaml: no such file"),
-    ("profile-unknown-gpu", "sim", {"p.yaml": "gpu: tpu\nmodel: qwen3-4b-instruct-2507\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml: unknown GPU 'tpu'"),
-    ("profile-coefficients-list", "sim", {"p.yaml": GOOD_PROFILE + "coefficients: [1, 2]\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "field 'coefficients'"),
-    ("profile-coefficient-negative", "sim", {"p.yaml": GOOD_PROFILE + "coefficients: {a_p: -1}\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "coefficients: field 'a_p'"),
-    ("profile-coefficient-nan", "sim", {"p.yaml": GOOD_PROFILE + "coefficients: {c_d: .nan}\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "field 'c_d'"),
-    ("profile-efficiency-over-1", "sim", {"p.yaml": GOOD_PROFILE + "efficiency: {prefill_mfu: 2}\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "efficiency: field 'prefill_mfu'"),
-    ("profile-unknown-field", "sim", {"p.yaml": GOOD_PROFILE + "turbo: 1\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "unknown field 'turbo'"),
-    ("profile-missing-model", "sim", {"p.yaml": "gpu: a800-80g\n"}, ["--trace", "zipf", "--profile", "{d}/p.yaml"],
-     "needs 'gpu' and 'model'"),
-    ("profile-gpu-list", "sim", {"p.yaml": "gpu: [a, b]\nmodel: llama-2-13b\n"},
-     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "field 'gpu'"),
     ("jsonl-in-missing-dir", "sim", {}, ["--trace", "{d}/no/t.jsonl"], "no such trace file"),
     # --- settings structure ---
     ("config-is-a-list", "sim", {"c.yaml": "- 1\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
@@ -280,50 +355,18 @@ CASES = [
      "engine: expected a mapping"),
     ("config-method-number", "sim", {"c.yaml": "method: 5\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
      "field 'method'"),
-    ("set-without-equals", "sim", {}, ["--trace", "zipf", "--set", "engine.page_size"], "--set 'engine.page_size'"),
-    ("set-into-a-value", "sim", {}, ["--trace", "zipf", "--set", "engine=5", "--set", "engine.page_size=2"],
-     "'engine' is not a section"),
     # --- argparse's convention: usage + one error line ---
-    ("argparse-qps-word", "sim", {}, ["--trace", "zipf", "--qps", "abc"], "--qps: invalid float value"),
-    ("argparse-seed-float", "sim", {}, ["--trace", "zipf", "--seed", "1.5"], "--seed: invalid int value"),
     ("argparse-missing-trace", "sim", {}, [], "--trace"),
-    ("argparse-unknown-flag", "sim", {}, ["--trace", "zipf", "--turbo"], "unrecognized arguments: --turbo"),
     # --- prism-sim sweep ---
-    ("sweep-qps-inf", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "40,inf"], "--qps"),
-    ("sweep-qps-zero", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "0"], "--qps"),
-    ("sweep-qps-nan", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "nan"], "--qps"),
-    ("sweep-qps-1e-300", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "1e-300"], "--qps"),
-    ("sweep-qps-words", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "a,b"], "--qps"),
-    ("sweep-workers-negative", "sim", {}, ["sweep", "--trace", "zipf", "--workers", "-1"], "--workers"),
-    ("sweep-seeds-zero", "sim", {}, ["sweep", "--trace", "zipf", "--seeds", "0"], "--seeds"),
-    ("sweep-seeds-huge", "sim", {}, ["sweep", "--trace", "zipf", "--seeds", "100000"], "--seeds"),
-    ("sweep-methods-empty", "sim", {}, ["sweep", "--trace", "zipf", "--methods", ","], "--methods"),
-    ("sweep-methods-unknown", "sim", {}, ["sweep", "--trace", "zipf", "--methods", "sglang,magic"],
-     "unknown method 'magic'"),
-    ("sweep-cdf-qps-not-run", "sim", {}, ["sweep", "--trace", "zipf", "--qps", "10,20", "--cdf-qps", "33"],
-     "--cdf-qps"),
-    ("sweep-unused-knobs", "sim", {}, ["sweep", "--trace", "zipf", "--methods", "sglang,klpm", "--set",
-                                       "qas.q_cold=4"], "section 'qas': no policy of sglang, klpm"),
     ("sweep-jsonl-seeds", "sim", {"t.jsonl": GOOD_TRACE}, ["sweep", "--trace", "{d}/t.jsonl", "--seeds", "2",
                                                            "--methods", "fcfs"], "--seeds > 1"),
     ("sweep-config-garbage", "sim", {"c.yaml": GARBAGE}, ["sweep", "--trace", "zipf", "--config", "{d}/c.yaml"],
      "c.yaml:"),
-    ("sweep-num-requests-1e12", "sim", {}, ["sweep", "--trace", "zipf", "--set",
-                                            "trace.num_requests=1000000000000"], "num_requests"),
     ("sweep-trace-missing-dir", "sim", {}, ["sweep", "--trace", "/nonexistent/dir/zipf.yaml"], "no such trace file"),
-    ("sweep-argparse-workers", "sim", {}, ["sweep", "--trace", "zipf", "--workers", "x"], "--workers"),
     # --- prism-theory ---
-    ("theory-qps-inf", "theory", {}, ["--trace", "zipf", "--qps", "10,inf"], "--qps"),
-    ("theory-qps-negative", "theory", {}, ["--trace", "zipf", "--qps", "-1"], "--qps"),
-    ("theory-workers-negative", "theory", {}, ["--trace", "zipf", "--workers", "-1"], "--workers"),
-    ("theory-unknown-method", "theory", {}, ["--trace", "zipf", "--method", "magic"], "unknown method"),
-    ("theory-unused-knobs", "theory", {}, ["--trace", "zipf", "--method", "sglang", "--set", "qas.q_cold=4"],
-     "section 'qas'"),
     ("theory-trace-directory", "theory", {"sub/x": ""}, ["--trace", "{d}/sub"], "is a directory"),
     ("theory-profile-directory", "theory", {"sub/x": ""}, ["--trace", "zipf", "--profile", "{d}/sub"],
      "is a directory"),
-    ("theory-page-size-zero", "theory", {}, ["--trace", "zipf", "--set", "engine.page_size=0"], "page_size"),
-    ("theory-argparse-workers", "theory", {}, ["--trace", "zipf", "--workers", "1.5"], "--workers"),
     # --- prism-calibrate show ---
     ("show-mem-fraction-5", "calibrate", {}, ["show", "--mem-fraction", "5"], "--mem-fraction"),
     ("show-mem-fraction-nan", "calibrate", {}, ["show", "--mem-fraction", "nan"], "--mem-fraction"),
@@ -338,31 +381,6 @@ CASES = [
      "mem_fraction"),
     # --- prism-calibrate fit ---
     ("fit-csv-garbage", "calibrate", {"m.csv": GARBAGE}, ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:1"),
-    ("fit-csv-nul", "calibrate", {"m.csv": CSV_HEAD + "prefill,1,\x00,0,,0.1\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2: NUL"),
-    ("fit-csv-identical-rows", "calibrate", {"m.csv": CSV_HEAD + "prefill,1,128,0,,0.01\n" * 5 + DECODES},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "the prefill rows cannot identify b_p"),
-    ("fit-csv-context-proportional", "calibrate",
-     {"m.csv": CSV_HEAD + PREFILLS + "decode,1,,,512,0.01\ndecode,8,,,4096,0.02\ndecode,32,,,16384,0.04\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "the decode rows cannot identify c_d"),
-    ("fit-csv-missing-column", "calibrate", {"m.csv": "kind,batch_size,seconds\nprefill,1,0.1\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:1: missing column 'new_tokens'"),
-    ("fit-csv-bad-kind", "calibrate", {"m.csv": CSV_HEAD + "warmup,1,128,0,,0.01\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2: field 'kind'"),
-    ("fit-csv-seconds-nan", "calibrate", {"m.csv": CSV_HEAD + "prefill,1,128,0,,nan\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2: field 'seconds'"),
-    ("fit-csv-seconds-1e400", "calibrate", {"m.csv": CSV_HEAD + PREFILLS + "decode,1,,,512,1e400\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:5: field 'seconds'"),
-    ("fit-csv-seconds-zero", "calibrate", {"m.csv": CSV_HEAD + "prefill,1,128,0,,0\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2: field 'seconds'"),
-    ("fit-csv-batch-zero", "calibrate", {"m.csv": CSV_HEAD + "prefill,0,128,0,,0.1\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2: field 'batch_size'"),
-    ("fit-csv-list-mismatch", "calibrate", {"m.csv": CSV_HEAD + "prefill,2,128;64,0,,0.1\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2"),
-    ("fit-csv-too-few-rows", "calibrate", {"m.csv": CSV_HEAD + PREFILLS}, ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"],
-     "needs at least 3 prefill and 3 decode rows"),
-    ("fit-csv-ragged-row", "calibrate", {"m.csv": CSV_HEAD + "prefill,1,128\n"},
-     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:2"),
     ("fit-csv-empty", "calibrate", {"m.csv": ""}, ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv: empty file"),
     ("fit-csv-directory", "calibrate", {"sub/x": ""}, ["fit", "{d}/sub", "-o", "{d}/p.yaml"], "is a directory"),
     ("fit-csv-missing", "calibrate", {}, ["fit", "{d}/none.csv", "-o", "{d}/p.yaml"], "none.csv: no such file"),
@@ -429,36 +447,12 @@ CASES = [
     ("sample-argparse-n", "trace", {}, ["sample", "zipf", "-n", "x"], "-n"),
     ("trace-argparse-no-command", "trace", {}, [], "required"),
     # --- prism-live (flag validation only: no server starts) ---
-    ("live-dilation-nan", "live", {}, ["--trace", "zipf", "--pace", "--dilation", "nan"], "--dilation"),
-    ("live-dilation-inf", "live", {}, ["--trace", "zipf", "--pace", "--dilation", "inf"], "--dilation"),
-    ("live-dilation-zero", "live", {}, ["--trace", "zipf", "--dilation", "0"], "--dilation"),
-    ("live-port-zero", "live", {}, ["--trace", "zipf", "--port", "0"], "--port"),
-    ("live-port-huge", "live", {}, ["--trace", "zipf", "--port", "70000"], "--port"),
-    ("live-startup-timeout-nan", "live", {}, ["--trace", "zipf", "--startup-timeout", "nan"], "--startup-timeout"),
-    ("live-request-timeout-negative", "live", {}, ["--trace", "zipf", "--request-timeout", "-1"],
-     "--request-timeout"),
-    ("live-url-ftp", "live", {}, ["--trace", "zipf", "--url", "ftp://x"], "--url"),
-    ("live-url-port", "live", {}, ["--trace", "zipf", "--url", "http://h:99999"], "--url"),
-    ("live-unknown-model", "live", {}, ["--trace", "zipf", "--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
-    ("live-model-missing-folder", "live", {}, ["--trace", "zipf", "--model", "/nonexistent/model"],
-     "/nonexistent/model: expected a model folder"),
-    ("live-pace-profile-disagree", "live", {}, ["--trace", "zipf", "--pace", "a800-80g:qwen3-8b", "--profile",
-                                                "h100-sxm-80g:qwen3-8b"], "disagree"),
-    ("live-pace-bogus", "live", {}, ["--trace", "zipf", "--pace", "bogus"], "'bogus'"),
-    ("live-belady", "live", {}, ["--trace", "zipf", "--eviction", "belady"], "simulator only"),
-    ("live-front-end", "live", {}, ["--trace", "zipf", "--method", "prism", "--set", "qas.window_s=0.05"],
-     "front end"),
     ("live-trace-garbage", "live", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
-    ("live-qps-inf", "live", {}, ["--trace", "zipf", "--qps", "inf"], "field 'qps'"),
-    ("live-unused-knobs", "live", {}, ["--trace", "zipf", "--set", "qas.q_cold=4"], "section 'qas'"),
-    ("live-argparse-port", "live", {}, ["--trace", "zipf", "--port", "x"], "--port"),
-    ("validate-qps-inf", "live", {}, ["validate", "--trace", "zipf", "--qps", "inf"], "--qps"),
-    ("validate-methods-empty", "live", {}, ["validate", "--trace", "zipf", "--methods", ","], "--methods"),
-    ("validate-belady", "live", {}, ["validate", "--trace", "zipf", "--methods", "fcfs+belady"], "simulator only"),
-    ("validate-dilation-zero", "live", {}, ["validate", "--trace", "zipf", "--dilation", "0"], "--dilation"),
-    ("validate-unused-knobs", "live", {}, ["validate", "--trace", "zipf", "--methods", "sglang,fcfs", "--set",
-                                           "qas.q_cold=2"], "section 'qas'"),
 ]
+
+CASES += zipf_cases(ZIPF_CASES)
+CASES += file_cases(PROFILE_CASES, "sim", "p.yaml", ["--trace", "zipf", "--profile", "{d}/p.yaml"])
+CASES += file_cases(FIT_CASES, "calibrate", "m.csv", ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"])
 
 # prism-sim, prism-theory, prism-live: small traces, no progress bar, a throw-away output folder
 RUN_CLIS = {"sim", "theory", "live"}
@@ -536,6 +530,35 @@ def test_sweep_of_a_materialized_trace_sets_no_seed(tmp_path, capsys, monkeypatc
     code = sim_main(["sweep", "--trace", str(tmp_path / "t.jsonl"), "--methods", "fcfs", "--qps", "10",
                      "--no-belady", "--workers", "1", "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 0, capsys.readouterr().err
+
+
+def test_a_fit_never_writes_a_profile_prism_sim_rejects(tmp_path, capsys, monkeypatch):
+    """The fitted profile is validated with the rules prism-sim reads it with, before it is written."""
+    import dataclasses
+
+    from prism.calibration import fit as fitting
+
+    real_fit = fitting.fit
+
+    def nan_fit(*args, **kwargs):
+        report = real_fit(*args, **kwargs)
+        return dataclasses.replace(report, cost=dataclasses.replace(report.cost, c_p=float("nan")))
+
+    monkeypatch.setattr(fitting, "fit", nan_fit)
+    (tmp_path / "m.csv").write_text(CSV_HEAD + PREFILLS + DECODES)
+    code, err = run_cli("calibrate", ["fit", str(tmp_path / "m.csv"), "-o", str(tmp_path / "p.yaml")], capsys)
+    assert code == 2 and "field 'c_p'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_builtin_specs_by_bare_name(tmp_path, monkeypatch):
+    """Only a bare name is a built-in; an existing path is always the file."""
+    from conftest import ROOT
+    from prism.traces.spec import resolve
+
+    assert resolve("zipf").name == resolve("zipf.yaml").name == "zipf.yaml"
+    monkeypatch.chdir(ROOT)
+    assert resolve("traces/zipf.yaml") == ROOT.joinpath("traces", "zipf.yaml").relative_to(ROOT)
 
 
 def test_sweep_knobs_read_by_some_method_are_accepted(tmp_path):
