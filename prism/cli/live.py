@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from prism.calibration import profiles
 from prism.calibration.measure import check_url
