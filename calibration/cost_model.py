@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from prism.config import build, fraction, nonneg
 from prism.errors import UserError
@@ -93,22 +93,45 @@ class Profile:
 DEFAULT_PROFILE = "a800-80g:qwen3-4b-instruct-2507"
 
 
+def profile_from(data: dict[str, Any], spec: str) -> tuple[profiles.GPU, profiles.Model, CostModel]:
+    """A profile mapping (``gpu``, ``model``, optional ``efficiency``, ``coefficients``, ``fit``) as read from
+    ``spec``, validated: what ``prism-calibrate fit`` writes is checked by this same function."""
+    unknown = set(data) - {"gpu", "model", "efficiency", "coefficients", "fit"}
+    if unknown:
+        raise UserError(f"unknown field {sorted(unknown)[0]!r}", spec)
+    if "gpu" not in data or "model" not in data:
+        raise UserError("a profile needs 'gpu' and 'model'", spec)
+    for key in ("gpu", "model"):
+        if not isinstance(data[key], str):
+            raise UserError(f"field {key!r}: must be a name, got {data[key]!r}", spec)
+    try:
+        g, m = profiles.gpu(data["gpu"]), profiles.model(data["model"])
+    except UserError as e:
+        raise UserError(str(e), spec) from None
+    eff = build(Efficiency, data.get("efficiency"), f"{spec}: efficiency")
+    cost = roofline(g, m, eff)
+    coefficients = data.get("coefficients")
+    if coefficients is not None and not isinstance(coefficients, dict):
+        raise UserError("field 'coefficients': must be a mapping of a_p, b_p, c_p, a_d, b_d, c_d, first_token_s",
+                        spec)
+    if coefficients:
+        if "name" in coefficients:
+            raise UserError("unknown field 'name' (known: a_p, b_p, c_p, a_d, b_d, c_d, first_token_s)",
+                            f"{spec}: coefficients")
+        cost = build(CostModel, {**cost.coefficients(), **coefficients, "name": Path(spec).stem},
+                     f"{spec}: coefficients")
+    return g, m, cost
+
+
 def load_profile(spec: str = DEFAULT_PROFILE, mem_fraction: float = 0.88) -> Profile:
     """``GPU:MODEL`` (roofline defaults) or a YAML file with ``gpu``, ``model`` and optional
     ``efficiency`` / ``coefficients`` (a fitted profile from ``prism-calibrate fit``)."""
+    if not 0 < mem_fraction <= 1:
+        raise UserError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+    if Path(spec).is_dir():
+        raise UserError("is a directory, expected GPU:MODEL or a profile YAML file", spec)
     if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
-        data = profiles.load_profile_file(spec)
-        unknown = set(data) - {"gpu", "model", "efficiency", "coefficients", "fit"}
-        if unknown:
-            raise UserError(f"unknown field {sorted(unknown)[0]!r}", spec)
-        if "gpu" not in data or "model" not in data:
-            raise UserError("a profile needs 'gpu' and 'model'", spec)
-        g, m = profiles.gpu(str(data["gpu"])), profiles.model(str(data["model"]))
-        eff = build(Efficiency, data.get("efficiency"), f"{spec}: efficiency")
-        cost = roofline(g, m, eff)
-        if data.get("coefficients"):
-            cost = build(CostModel, {**cost.coefficients(), **data["coefficients"], "name": Path(spec).stem},
-                         f"{spec}: coefficients")
+        g, m, cost = profile_from(profiles.load_profile_file(spec), spec)
     else:
         if ":" not in spec:
             raise UserError(f"profile {spec!r}: expected GPU:MODEL (e.g. {DEFAULT_PROFILE}) or a YAML file")

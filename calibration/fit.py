@@ -22,17 +22,20 @@ prefill ``(a_p, b_p, c_p)`` and decode ``(a_d, b_d, c_d)``; the report gives eac
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from prism.config import read_text
 from prism.errors import UserError
 from prism.output import atomic_path, write_csv
 
 from prism.calibration.cost_model import CostModel
 
+MAX_ROWS = 1_000_000  # synthetic measurements at most
 REQUIRED = ("kind", "batch_size", "new_tokens", "cached_tokens", "context_tokens", "seconds")
 
 
@@ -59,18 +62,18 @@ def _numbers(text: str, where: str, field: str) -> list[float]:
 
 def read_measurements(path: str | Path) -> Measurements:
     p = Path(path)
-    if not p.is_file():
-        raise UserError("no such file", str(p))
     px, py, dx, dy = [], [], [], []
-    with p.open(newline="") as f:
-        reader = csv.DictReader(f)
+    reader = csv.DictReader(io.StringIO(read_text(p, "measurements CSV"), newline=""))
+    try:
         if reader.fieldnames is None:
             raise UserError("empty file", str(p))
         missing = [c for c in REQUIRED if c not in reader.fieldnames]
         if missing:
             raise UserError(f"missing column {missing[0]!r} (needs {', '.join(REQUIRED)})", f"{p}:1")
-        for lineno, row in enumerate(reader, start=2):
-            where = f"{p}:{lineno}"
+        for row in reader:
+            where = f"{p}:{reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                raise UserError(f"{len(reader.fieldnames)} columns in the header, a different number here", where)
             kind = (row["kind"] or "").strip()
             if kind not in ("prefill", "decode"):
                 raise UserError(f"field 'kind': must be prefill or decode, got {kind!r}", where)
@@ -103,6 +106,8 @@ def read_measurements(path: str | Path) -> Measurements:
                     raise UserError("field 'context_tokens': required (one number) for decode rows", where)
                 dx.append((1.0, b, ctx[0]))
                 dy.append(secs[0])
+    except csv.Error as e:
+        raise UserError(f"invalid CSV ({e})", f"{p}:{reader.line_num}") from None
     if len(py) < 3 or len(dy) < 3:
         raise UserError(f"needs at least 3 prefill and 3 decode rows, found {len(py)} and {len(dy)}", str(p))
     return Measurements(np.array(px), np.array(py), np.array(dx), np.array(dy))
@@ -128,7 +133,27 @@ def _relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return res.x / scale
 
 
-def fit(m: Measurements, first_token_s: float = 0.0, name: str = "fitted") -> FitReport:
+def check_identifiable(x: np.ndarray, kind: str, names: tuple[str, str, str], columns: tuple[str, str, str],
+                       where: str) -> None:
+    """Each coefficient needs a column of the design that the others do not explain: name the first that
+    does not (identical rows, or a column proportional to another, leave a coefficient arbitrary)."""
+    scaled = x / np.where(np.abs(x).max(axis=0) > 0, np.abs(x).max(axis=0), 1.0)
+    kept: list[int] = []
+    for j in range(x.shape[1]):
+        if np.linalg.matrix_rank(scaled[:, kept + [j]], tol=1e-9 * len(x)) == len(kept) + 1:
+            kept.append(j)
+            continue
+        raise UserError(f"the {kind} rows cannot identify {names[j]} ({columns[j]}): it is a combination of "
+                        f"{', '.join(columns[i] for i in kept) or 'nothing'} in every row; vary it across rows",
+                        where)
+
+
+def fit(m: Measurements, first_token_s: float = 0.0, name: str = "fitted", where: str = "measurements"
+        ) -> FitReport:
+    check_identifiable(m.prefill_x, "prefill", ("a_p", "b_p", "c_p"),
+                       ("the fixed cost", "new_tokens", "attention pairs (new_tokens x cached_tokens)"), where)
+    check_identifiable(m.decode_x, "decode", ("a_d", "b_d", "c_d"),
+                       ("the fixed cost", "batch_size", "context_tokens"), where)
     cp = _relative_nnls(m.prefill_x, m.prefill_y)
     cd = _relative_nnls(m.decode_x, m.decode_y)
     cost = CostModel(a_p=float(cp[0]), b_p=float(cp[1]), c_p=float(cp[2]), a_d=float(cd[0]), b_d=float(cd[1]),

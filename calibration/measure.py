@@ -103,15 +103,24 @@ def parse_sizes(text: str, flag: str, minimum: int) -> list[int]:
     return sorted(set(vals), key=vals.index)
 
 
+def check_url(url: str, flag: str = "--url") -> str:
+    """``http(s)://HOST[:PORT]`` without a trailing slash; a :class:`UserError` naming the flag otherwise."""
+    url = url.strip().rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or port == 0:
+        raise UserError(f"{flag}: expected http://HOST:PORT (port 1..65535), got {url!r}")
+    return url
+
+
 class Client:
     """The few SGLang HTTP calls the measurement needs (stdlib only)."""
 
     def __init__(self, url: str, timeout: float) -> None:
-        url = url.strip().rstrip("/")
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UserError(f"--url: expected http://HOST:PORT, got {url!r}")
-        self.url = url
+        self.url = check_url(url)
         self.timeout = timeout
 
     def _request(self, path: str, payload: dict | None = None, timeout: float | None = None):

@@ -8,10 +8,12 @@ keys, wrong types and out-of-range values with a :class:`~prism.errors.UserError
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterator, Mapping, TypeVar
 
 import yaml
 
@@ -36,23 +38,121 @@ def choice(default: str, options: tuple[str, ...], doc: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"choices": options, "doc": doc})
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; syntax errors become one line with the file and line number."""
+#: the documented bounds of a trace: requests per trace, and the arrival rate (requests/s)
+MAX_REQUESTS = 1_000_000
+MIN_QPS, MAX_QPS = 1e-3, 1e6
+
+
+def rate(default: Any, doc: str = "") -> Any:
+    """An arrival rate in requests/s, within [MIN_QPS, MAX_QPS]."""
+    return dataclasses.field(default=default, metadata={"gt": 0, "ge": MIN_QPS, "le": MAX_QPS, "doc": doc})
+
+
+def count(default: Any, doc: str = "") -> Any:
+    """A number of requests, 1..MAX_REQUESTS."""
+    return dataclasses.field(default=default, metadata={"gt": 0, "le": MAX_REQUESTS, "doc": doc})
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A text file's contents as UTF-8; a missing file, a folder, unreadable bytes or a NUL byte become one
+    line naming the file (and the line of the bad byte)."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"is a directory, expected a {what}", str(p))
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except FileNotFoundError:
         raise UserError("no such file", str(p)) from None
     except OSError as e:
         raise UserError(f"cannot read: {e.strerror}", str(p)) from None
     try:
-        return yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"not UTF-8 text (byte {data[e.start:e.start + 1]!r} at offset {e.start})",
+                        f"{p}:{line}") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise UserError("NUL byte: not a text file", f"{p}:{text.count(chr(10), 0, nul) + 1}")
+    return text
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` for each non-blank line of a JSON-lines file (``where`` is ``FILE:LINE``); a line
+    that is not UTF-8 or not JSON, and NaN, Infinity or out-of-range numbers, end with one line naming it."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"is a directory, expected a {what}", str(p))
+    try:
+        f = p.open("rb")
+    except FileNotFoundError:
+        raise UserError("no such file", str(p)) from None
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror}", str(p)) from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{p}:{lineno}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"not UTF-8 text (byte {raw[e.start:e.start + 1]!r})", where) from None
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+            except json.JSONDecodeError as e:
+                raise UserError(f"invalid JSON ({e.msg})", where) from None
+            except ValueError as e:
+                raise UserError(f"invalid JSON ({e})", where) from None
+            yield where, value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (not the last one wins)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {seen[key]})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML text (duplicate keys rejected); errors become one line naming ``where`` and the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
-        line = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise UserError(f"invalid YAML: {e.problem}", line) from None
+        line = f"{where}:{mark.line + 1}" if mark is not None else where
+        raise UserError(f"invalid YAML: {' '.join(str(e.problem).split())}", line) from None
     except yaml.YAMLError as e:
-        raise UserError(f"invalid YAML: {e}", str(p)) from None
+        raise UserError(f"invalid YAML: {' '.join(str(e).split())}", where) from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; syntax errors, duplicate keys and bytes that are not text become one line with the
+    file and line number."""
+    return parse_yaml(read_text(path, "YAML file"), str(path))
 
 
 def _type_ok(value: Any, hint: Any) -> tuple[bool, Any]:
@@ -123,6 +223,8 @@ def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         if not ok:
             raise UserError(f"field {name!r}: must be {_type_name(hints[name])}, got {data[name]!r}", where)
         meta = f.metadata
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"field {name!r}: must be a finite number, got {data[name]!r}", where)
         if value is not None and isinstance(value, (int, float)):
             if "gt" in meta and not value > meta["gt"]:
                 raise UserError(f"field {name!r}: must be > {meta['gt']}, got {value!r}", where)
@@ -149,7 +251,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not path:
         raise UserError(f"--set {text!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
+    except yaml.constructor.ConstructorError as e:
+        raise UserError(f"--set {text!r}: {' '.join(str(e.problem).split())}") from None
     except yaml.YAMLError:
         value = raw
     return path, value

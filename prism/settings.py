@@ -82,10 +82,34 @@ class RunSpec:
 def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, Any], engine: EngineConfig,
               profile: Profile, trace: Trace, trace_source: str, qps: float | None) -> RunSpec:
     """The one place a run's deployment, rate and seed are settled."""
+    kv_capacity(engine, profile, trace, trace_source)
     offered = qps if qps is not None else trace.spec.get("qps")
     return RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
                    trace_source, offered if offered is not None else measured_qps(trace), offered is None,
                    trace.spec.get("seed"))
+
+
+def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_source: str = "") -> int:
+    """The run's KV capacity in tokens, checked against the trace: one page, the longest segment and every
+    request (prompt + output) must fit, and ``warmup_requests`` must leave requests to measure."""
+    cap = engine.max_total_tokens if engine.max_total_tokens is not None else profile.kv_capacity_tokens
+    field = "engine.max_total_tokens" if engine.max_total_tokens is not None else f"profile {profile.name}"
+    if engine.page_size > cap:
+        raise UserError(f"a page of {engine.page_size} tokens is larger than the KV capacity ({cap} tokens, "
+                        f"{field})", "engine.page_size")
+    if engine.warmup_requests >= len(trace.requests):
+        raise UserError(f"{engine.warmup_requests} warm-up requests leave none of the trace's "
+                        f"{len(trace.requests)} to measure", "engine.warmup_requests")
+    source = trace_source or "trace"
+    longest = max((s for r in trace.requests for s in r.segments), key=lambda s: s.length)
+    if longest.length > cap:
+        raise UserError(f"segment {longest.id!r} has {longest.length} tokens, more than the whole KV pool "
+                        f"({cap} tokens, {field}): the trace cannot be served", source)
+    biggest = max(trace.requests, key=lambda r: r.prompt_len + r.output_len)
+    if biggest.prompt_len + biggest.output_len - 1 > cap:
+        raise UserError(f"request {biggest.id} ({biggest.prompt_len} prompt + {biggest.output_len} output tokens) "
+                        f"needs more KV than the capacity of {cap} tokens ({source})", field)
+    return cap
 
 
 def measured_qps(trace: Trace) -> float:
@@ -126,7 +150,8 @@ def read_config(path: str | None) -> dict[str, Any]:
 
 
 def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
-    """Validate the whole mapping once; every error names its section and field."""
+    """Validate the whole mapping once; every error names its section and field. A section of knobs that no
+    policy of the run reads is an error (see :func:`check_knobs_used`)."""
     allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace"} | knob_sections()
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -141,7 +166,31 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
         raise UserError("section 'trace': must be a mapping of trace-spec fields", where)
     knobs = {k: data[k] for k in knob_sections() if k in data}
     configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
+    check_knobs_used(data, [label], where)
     return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace)
+
+
+def knobs_of(method: str) -> set[str]:
+    """The knob sections a method's policies read."""
+    _, sched, evict = resolve_method(method)
+    return set(policy_configs(sched, evict))
+
+
+def check_knobs_used(data: Mapping[str, Any], methods: list[str], where: str) -> None:
+    """Knobs of a policy that none of ``methods`` runs would be ignored without a word: an error. Settings
+    shared by several runs (a sweep) may hold knobs that any one of their methods reads."""
+    used = set().union(*(knobs_of(m) for m in methods))
+    for section in sorted(knob_sections() & set(data)):
+        if section not in used and data[section]:
+            raise UserError(f"section {section!r}: no policy of {', '.join(methods)} reads these knobs (remove "
+                            f"them, or run a method that uses {section})", where)
+
+
+def for_method(data: dict[str, Any], method: str) -> dict[str, Any]:
+    """Settings shared by several methods (checked by :func:`check_knobs_used`), as one method's run: without
+    the knob sections its policies do not read."""
+    unused = knob_sections() - knobs_of(method)
+    return {k: v for k, v in data.items() if k not in unused}
 
 
 def merge_flags(data: dict[str, Any], overrides: list[str], **flags: Any) -> dict[str, Any]:

@@ -11,14 +11,11 @@ from typing import Any, Callable
 import simpy
 from tqdm import tqdm
 
-from prism.calibration.cost_model import Profile
 from prism.core import Request
-from prism.errors import UserError
 from prism.metrics import RequestRecord, run_summary
 from prism.policies.registry import make_policies
-from prism.settings import EngineConfig, RunSpec
+from prism.settings import RunSpec, kv_capacity
 from prism.traces.stats import infinite_cache_hit_rate
-from prism.traces.trace import Trace
 
 from prism.sim.client import Client
 from prism.sim.engine import Engine, Seq
@@ -41,17 +38,6 @@ class SimInterrupted(KeyboardInterrupt):
         self.result, self.total = result, total
 
 
-def kv_capacity(config: EngineConfig, profile: Profile, trace: Trace) -> int:
-    cap = config.max_total_tokens if config.max_total_tokens is not None else profile.kv_capacity_tokens
-    biggest = max(trace.requests, key=lambda r: r.prompt_len + r.output_len)
-    need = biggest.prompt_len + biggest.output_len - 1
-    if need > cap:
-        raise UserError(f"KV capacity of {cap} tokens is smaller than request {biggest.id} "
-                        f"({biggest.prompt_len} prompt + {biggest.output_len} output tokens)",
-                        "engine.max_total_tokens")
-    return cap
-
-
 def _record(seq: Seq) -> RequestRecord:
     return RequestRecord(seq.id, seq.req.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
                          seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned)
@@ -68,7 +54,7 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     that ceiling for a scheduler that reorders segments."""
     wall0 = time.perf_counter()
     trace = spec.trace
-    capacity = kv_capacity(spec.engine, spec.profile, trace)
+    capacity = kv_capacity(spec.engine, spec.profile, trace, spec.trace_source)
     policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
                              requests=trace.requests)
     env = simpy.Environment()

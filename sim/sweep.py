@@ -33,7 +33,8 @@ from scipy import stats as sps
 from prism.errors import UserError
 from prism.metrics import read_summary, write_json, write_requests_csv
 from prism.output import check_out_file, prepare_out_dir, write_csv
-from prism.settings import settings_from
+from prism.settings import for_method, settings_from
+from prism.traces.spec import is_materialized, resolve
 
 from prism.sim.run import simulate
 
@@ -66,13 +67,16 @@ class RunTask:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def task_config(base: dict[str, Any], method: str, qps: float, seed: int) -> dict[str, Any]:
-    cfg = copy.deepcopy(base)
+def task_config(base: dict[str, Any], method: str, qps: float, seed: int | None) -> dict[str, Any]:
+    """The settings of one run of a sweep (``seed`` None: the trace's own, for a materialized trace)."""
+    cfg = copy.deepcopy(for_method(base, method))  # the CLI checked that some method reads each knob section
     for key in ("scheduler", "eviction"):
         cfg.pop(key, None)
     cfg["method"] = method
     trace = dict(cfg.get("trace") or {})
-    trace["qps"], trace["seed"] = qps, seed
+    trace["qps"] = qps
+    if seed is not None:
+        trace["seed"] = seed
     cfg["trace"] = trace
     return cfg
 
@@ -87,6 +91,8 @@ def run_task(task: RunTask) -> dict[str, Any]:
     spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
     res = simulate(spec, served_reference=True)
     summary = res.summary
+    if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
+        summary["seed"] = task.seed
     if task.belady:
         ref = simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady"))
         summary["belady_hit_rate"] = ref.summary["hit_rate"]
@@ -168,8 +174,9 @@ class Sweep:
         return [self._task(m, q, s) for q in self.qps for m in self.methods for s in self.seeds]
 
     def _task(self, method: str, qps: float, seed: int) -> RunTask:
-        return RunTask(self.trace, method, qps, seed, task_config(self.config, method, qps, seed), str(self.out),
-                       self.belady)
+        fixed = is_materialized(resolve(self.trace))  # a materialized trace has no seed to set
+        return RunTask(self.trace, method, qps, seed, task_config(self.config, method, qps, None if fixed else seed),
+                       str(self.out), self.belady)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from prism.config import choice, positive
+from prism.config import choice, positive, rate, read_text
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
 from prism.errors import UserError
 
@@ -54,7 +54,7 @@ CONFIRMATIONS = ("Yes, please go ahead.", "Okay, that works for me.", "Yes, I co
 @dataclass
 class AgentSpec(GeneratedTraceSpec):
     kind: str = "agent"
-    qps: float = positive(40.0, "mean arrival rate, requests/s")
+    qps: float = rate(40.0, "mean arrival rate, requests/s")
     domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
     data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
     concurrent_sessions: int = positive(16, "sessions whose calls interleave")
@@ -63,19 +63,25 @@ class AgentSpec(GeneratedTraceSpec):
     vocab_size: int = positive(32000, "local tokenizer vocabulary")
 
 
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(read_text(path, "JSON file"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"invalid JSON ({e.msg})", f"{path}:{e.lineno}") from None
+
+
 # ---------------------------------------------------------------- the domain database
 class Domain:
     def __init__(self, name: str, folder: Path) -> None:
         self.name = name
-        try:
-            self.policy = (folder / "policy.md").read_text()
-            self.tools = json.loads((folder / "tools.json").read_text())
-            self.tasks = json.loads((folder / "tasks_test.json").read_text())
-            self.db = {t: json.loads((folder / f"{t}.json").read_text()) for t in TABLES[name]}
-        except FileNotFoundError as e:
-            raise UserError("τ-bench data not found (set data_path)", str(e.filename)) from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"invalid JSON ({e.msg})", str(folder)) from None
+        if not folder.is_dir():
+            raise UserError("τ-bench data not found (set data_path)", str(folder))
+        self.policy = read_text(folder / "policy.md")
+        self.tools = _json(folder / "tools.json")
+        self.tasks = _json(folder / "tasks_test.json")
+        self.db = {t: _json(folder / f"{t}.json") for t in TABLES[name]}
+        if not isinstance(self.tasks, list) or not isinstance(self.tools, list):
+            raise UserError("τ-bench data: tools.json and tasks_test.json must hold lists", str(folder))
 
     def observe(self, name: str, kwargs: dict[str, Any]) -> Any:
         """The tool's result, deterministic: a database lookup, or the touched records for a write."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.config import choice, positive
+from prism.config import choice, count, nonneg, positive, rate
 from prism.errors import UserError
 
 PROCESSES = ("poisson", "gamma", "azure_code", "azure_conv")
@@ -20,7 +20,7 @@ PROCESSES = ("poisson", "gamma", "azure_code", "azure_conv")
 @dataclass
 class ArrivalSpec:
     process: str = choice("poisson", PROCESSES, "inter-arrival process")
-    qps: float = positive(60.0, "target mean arrival rate, requests/s")
+    qps: float = rate(60.0, "target mean arrival rate, requests/s")
     cv: float = positive(1.0, "gamma: coefficient of variation of inter-arrival gaps (1 = Poisson)")
     azure_path: str | None = None  # folder of AzureLLMInferenceTrace_{code,conv}.csv; default ../shared/data
 
@@ -34,9 +34,9 @@ class GeneratedTraceSpec:
     """
 
     kind: str = ""
-    seed: int = 0
-    num_requests: int = positive(2048, "requests in the trace")
-    qps: float = positive(60.0, "mean arrival rate, requests/s")
+    seed: int = nonneg(0, "seed of the content and arrival streams")
+    num_requests: int = count(2048, "requests in the trace")
+    qps: float = rate(60.0, "mean arrival rate, requests/s")
     arrival: str = choice("poisson", PROCESSES, "arrival process")
     arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
     output_len: int = positive(32, "decoded tokens per request")

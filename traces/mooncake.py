@@ -13,28 +13,27 @@ smaller than 512 tokens.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from prism.config import choice, positive
+from prism.config import choice, count, nonneg, positive, rate, read_jsonl
 from prism.core import REUSE, Request, SegmentTable
 from prism.errors import UserError
 
 from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir, streams
-from prism.traces.trace import Trace
+from prism.traces.trace import MAX_TOKENS, Trace
 
 
 @dataclass
 class MooncakeSpec:
     kind: str = "mooncake"
     path: str | None = None  # default ../shared/data/mooncake/conversation_trace.jsonl
-    seed: int = 0
-    num_requests: int | None = positive(None, "request cap (null: the whole trace)")
-    qps: float | None = positive(None, "target mean rate (rescales the timestamps; null: keep them)")
+    seed: int = nonneg(0, "seed of synthetic arrivals")
+    num_requests: int | None = count(None, "request cap (null: the whole trace)")
+    qps: float | None = rate(None, "target mean rate (rescales the timestamps; null: keep them)")
     time_scale: float = positive(1.0, "multiply inter-arrival times (ignored when qps is set)")
     arrival: str = choice("trace", ("trace", "poisson", "gamma", "azure_code", "azure_conv"),
                           "trace timestamps, or a synthetic process at qps")
@@ -53,32 +52,38 @@ class MooncakeSpec:
 
 
 def read_records(path: Path, limit: int | None = None) -> list[dict]:
-    if not path.is_file():
+    """The records of a raw Mooncake file, checked line by line (timestamps finite and non-decreasing)."""
+    if not path.exists():
         raise UserError("Mooncake trace not found (set path)", str(path))
-    out = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"invalid JSON ({e.msg})", where) from None
-            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
-                if key not in rec:
-                    raise UserError(f"missing field {key!r}", where)
-            if not isinstance(rec["hash_ids"], list) or not rec["hash_ids"]:
-                raise UserError("field 'hash_ids': must be a non-empty list", where)
-            if not isinstance(rec["input_length"], int) or rec["input_length"] < 1:
-                raise UserError("field 'input_length': must be a positive integer", where)
-            if not isinstance(rec["output_length"], int) or rec["output_length"] < 0:
-                raise UserError("field 'output_length': must be a non-negative integer", where)
-            rec["_line"] = lineno
-            out.append(rec)
-            if limit is not None and len(out) >= limit:
-                break
+    out: list[dict] = []
+    for where, rec in read_jsonl(path, "Mooncake trace (JSONL)"):
+        if not isinstance(rec, dict):
+            raise UserError(f"expected a JSON object, got {type(rec).__name__}", where)
+        for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if key not in rec:
+                raise UserError(f"missing field {key!r}", where)
+        ts = rec["timestamp"]
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts < math.inf:
+            raise UserError(f"field 'timestamp': must be a finite non-negative number of ms, got {ts!r}", where)
+        if out and ts < out[-1]["timestamp"]:
+            raise UserError(f"field 'timestamp': {ts!r} is earlier than the previous line's "
+                            f"{out[-1]['timestamp']!r} (timestamps must not decrease)", where)
+        hashes = rec["hash_ids"]
+        if not isinstance(hashes, list) or not hashes or not all(_int(h) for h in hashes):
+            raise UserError("field 'hash_ids': must be a non-empty list of integers", where)
+        if not _int(rec["input_length"]) or not 1 <= rec["input_length"] <= MAX_TOKENS:
+            raise UserError(f"field 'input_length': must be an integer in 1..{MAX_TOKENS}", where)
+        if not _int(rec["output_length"]) or not 0 <= rec["output_length"] <= MAX_TOKENS:
+            raise UserError(f"field 'output_length': must be an integer in 0..{MAX_TOKENS}", where)
+        rec["_line"] = int(where.rsplit(":", 1)[1])
+        out.append(rec)
+        if limit is not None and len(out) >= limit:
+            break
     return out
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def generate(spec: MooncakeSpec) -> Trace:

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from prism.config import build, load_yaml
+from prism.config import MAX_QPS, MAX_REQUESTS, MIN_QPS, build, load_yaml
 from prism.errors import UserError
 
 from prism.traces import agent, mooncake, zipf
@@ -26,16 +26,19 @@ BUILTIN = {"zipf": "zipf.yaml", "multihop": "multihop.yaml", "agent": "agent.yam
 
 
 def resolve(source: str) -> Path:
-    """A path, or the name of a built-in spec (``zipf``)."""
+    """A path, or the name of a built-in spec (``zipf``, or ``zipf.yaml`` with no folder): a path that names a
+    folder and does not exist is an error, never a built-in of the same file name."""
     p = Path(source)
+    if p.is_dir():
+        raise UserError("is a directory, expected a trace spec (YAML) or trace file (JSONL)", source)
     if p.exists():
         return p
-    name = BUILTIN.get(source) or (source if source.endswith(".yaml") else None)
+    name = BUILTIN.get(source) or (source if source.endswith(".yaml") and p.name == source else None)
     if name:
-        res = resources.files("prism.traces").joinpath(Path(name).name)
+        res = resources.files("prism.traces").joinpath(name)
         if res.is_file():
             return Path(str(res))
-    raise UserError("no such trace file or built-in spec", source)
+    raise UserError("no such trace file or built-in spec" if p.name == source else "no such trace file", source)
 
 
 def parse_spec(data: Any, where: str) -> Any:
@@ -63,9 +66,9 @@ def is_materialized(path: Path) -> bool:
 def is_mooncake_file(path: Path) -> bool:
     """A raw Mooncake trace (``{timestamp, input_length, output_length, hash_ids}`` per line)."""
     try:
-        with path.open() as f:
-            first = json.loads(f.readline() or "null")
-    except (OSError, json.JSONDecodeError):
+        with path.open("rb") as f:
+            first = json.loads(f.readline().decode("utf-8") or "null")
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: the trace reader says where
         return False
     return isinstance(first, dict) and "hash_ids" in first and "input_length" in first
 
@@ -86,16 +89,25 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
             raise UserError(f"cannot override {sorted(overrides)[0]!r} of a materialized trace "
                             "(only qps and num_requests)", str(p))
         if n is not None:
-            if not isinstance(n, int) or n < 1:
-                raise UserError("trace.num_requests must be a positive integer", str(p))
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_REQUESTS:
+                raise UserError(f"trace.num_requests must be an integer in 1..{MAX_REQUESTS}, got {n!r}", str(p))
             t = t.head(n)
         if qps is not None:
-            if not isinstance(qps, (int, float)) or qps <= 0:
-                raise UserError(f"qps must be > 0, got {qps!r}", str(p))
+            if not isinstance(qps, (int, float)) or isinstance(qps, bool) or not MIN_QPS <= qps <= MAX_QPS:
+                raise UserError(f"trace.qps must be a number in {MIN_QPS:g}..{MAX_QPS:g}, got {qps!r}", str(p))
             t = t.rescaled(float(qps))
         return t
     spec = load_spec(p, overrides)
     return GENERATORS[spec.kind][1](spec)
+
+
+def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:
+    """Validate a trace source with its overrides without generating a spec's trace (before a sweep starts)."""
+    p = resolve(source)
+    if is_materialized(p):
+        load_trace(source, overrides)
+    else:
+        load_spec(p, dict(overrides or {}))
 
 
 def spec_seed(source: str) -> int:

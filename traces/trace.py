@@ -18,6 +18,7 @@ Loading checks every line and names the file and line of the first problem.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,10 +26,17 @@ from typing import Any, Iterable
 import numpy as np
 
 from prism.core import KINDS, SYS, Request, Segment, SegmentTable
+from prism.config import read_jsonl
 from prism.errors import UserError
 from prism.output import atomic_path
 
 FORMAT_VERSION = 1
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32
+MAX_TOKENS = 1 << 22  # tokens in one segment, prompt or output (4,194,304): more is no serving workload
+
+
+def _token_ok(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
 
 
 @dataclass
@@ -97,31 +105,29 @@ def save(trace: Trace, path: str | Path) -> None:
 
 def load(path: str | Path) -> Trace:
     p = Path(path)
-    if not p.is_file():
-        raise UserError("no such file", str(p))
     table = SegmentTable()
     requests: list[Request] = []
+    ids: dict[int, str] = {}
     header: dict[str, Any] | None = None
-    with p.open() as f:
-        for lineno, text in enumerate(f, start=1):
-            where = f"{p}:{lineno}"
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise UserError(f"invalid JSON ({e.msg})", where) from None
-            if not isinstance(obj, dict):
-                raise UserError("expected a JSON object", where)
-            if header is None:
-                if obj.get("prism_trace") != FORMAT_VERSION:
-                    raise UserError(f"not a PRISM trace (first line needs \"prism_trace\": {FORMAT_VERSION})", where)
-                header = obj
-                continue
-            if "seg" in obj:
-                _segment_line(obj, table, where)
-            else:
-                requests.append(_request_line(obj, table, where, requests))
+    for where, obj in read_jsonl(p, "trace file (JSONL)"):
+        if not isinstance(obj, dict):
+            raise UserError(f"expected a JSON object, got {type(obj).__name__}", where)
+        if header is None:
+            if obj.get("prism_trace") != FORMAT_VERSION:
+                raise UserError(f"not a PRISM trace (first line needs \"prism_trace\": {FORMAT_VERSION})", where)
+            for key in ("spec", "meta"):
+                if obj.get(key) is not None and not isinstance(obj[key], dict):
+                    raise UserError(f"field {key!r}: must be a JSON object", where)
+            header = obj
+            continue
+        if "seg" in obj:
+            _segment_line(obj, table, where)
+        else:
+            req = _request_line(obj, table, where, requests)
+            if req.id in ids:
+                raise UserError(f"field 'id': request id {req.id} repeats (first at {ids[req.id]})", where)
+            ids[req.id] = where
+            requests.append(req)
     if header is None:
         raise UserError("empty trace file", str(p))
     if not requests:
@@ -139,10 +145,12 @@ def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
     tokens = obj.get("tokens")
     first = obj.get("first")
     if tokens is not None:
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) and t >= 0 for t in tokens):
-            raise UserError("field 'tokens': must be a non-empty list of non-negative integers", where)
-    elif not isinstance(first, int) or isinstance(first, bool) or first < 0:
-        raise UserError("field 'first': must be a non-negative integer (or give 'tokens')", where)
+        if (not isinstance(tokens, list) or not tokens or len(tokens) > MAX_TOKENS
+                or not all(_token_ok(t) for t in tokens)):
+            raise UserError(f"field 'tokens': must be a list of 1..{MAX_TOKENS} token ids in 0..{MAX_TOKEN_ID}",
+                            where)
+    elif not _token_ok(first):
+        raise UserError(f"field 'first': must be a token id in 0..{MAX_TOKEN_ID} (or give 'tokens')", where)
     try:
         table.declare(seg_id, kind, first_token=first, tokens=tokens)
     except ValueError as e:
@@ -156,19 +164,19 @@ def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Req
     rid, t, segs, out = obj.get("id"), obj.get("t"), obj.get("segs"), obj.get("out")
     if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
         raise UserError("field 'id': must be a non-negative integer", where)
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
-        raise UserError("field 't': must be a non-negative number of seconds", where)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:
+        raise UserError(f"field 't': must be a finite non-negative number of seconds, got {t!r}", where)
     if previous and t < previous[-1].arrival:
         raise UserError("field 't': requests must be in arrival order", where)
-    if not isinstance(out, int) or isinstance(out, bool) or out < 1:
-        raise UserError("field 'out': must be an integer >= 1", where)
+    if not isinstance(out, int) or isinstance(out, bool) or not 1 <= out <= MAX_TOKENS:
+        raise UserError(f"field 'out': must be an integer in 1..{MAX_TOKENS}, got {out!r}", where)
     if not isinstance(segs, list) or not segs:
         raise UserError("field 'segs': must be a non-empty list of [id, length]", where)
     segments = []
     for item in segs:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
-                or not isinstance(item[1], int) or item[1] < 1):
-            raise UserError(f"field 'segs': bad entry {item!r} (expected [id, length >= 1])", where)
+                or not isinstance(item[1], int) or isinstance(item[1], bool) or not 1 <= item[1] <= MAX_TOKENS):
+            raise UserError(f"field 'segs': bad entry {item!r} (expected [id, length in 1..{MAX_TOKENS}])", where)
         if item[0] not in table:
             raise UserError(f"field 'segs': segment {item[0]!r} used before its declaration", where)
         try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.config import choice, fraction, positive
+from prism.config import choice, fraction, positive, read_jsonl, read_text
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
 from prism.errors import UserError
 
@@ -79,22 +79,22 @@ def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[st
         raise UserError("MultiHop-RAG data not found (expected evidence_passages.jsonl and queries.json; "
                         "set corpus_path)", str(folder))
     ids, cites = [], {}
-    with passages.open() as f:
-        for i, line in enumerate(f, start=1):
-            try:
-                rec = json.loads(line)
-                pid = f"mh{rec['passage_id']}"
-            except (json.JSONDecodeError, KeyError):
-                raise UserError("bad passage record", f"{passages}:{i}") from None
-            ids.append(pid)
-            cites[pid] = len(rec.get("query_ids", []))
+    for where, rec in read_jsonl(passages, "passages file (JSONL)"):
+        if not isinstance(rec, dict) or not isinstance(rec.get("passage_id"), (int, str)):
+            raise UserError("bad passage record (expected an object with 'passage_id')", where)
+        pid = f"mh{rec['passage_id']}"
+        ids.append(pid)
+        query_ids = rec.get("query_ids", [])
+        cites[pid] = len(query_ids) if isinstance(query_ids, list) else 0
     try:
-        qs = json.loads(queries.read_text())
+        qs = json.loads(read_text(queries, "queries file (JSON)"))
     except json.JSONDecodeError as e:
-        raise UserError(f"invalid JSON ({e.msg})", str(queries)) from None
+        raise UserError(f"invalid JSON ({e.msg})", f"{queries}:{e.lineno}") from None
+    if not isinstance(qs, list) or not all(isinstance(q, dict) for q in qs):
+        raise UserError("expected a JSON list of query objects", str(queries))
     evidence = []
     for q in qs:
-        ev = [f"mh{e['passage_id']}" for e in q.get("evidence_list", []) if "passage_id" in e]
+        ev = [f"mh{e['passage_id']}" for e in q.get("evidence_list") or [] if isinstance(e, dict) and "passage_id" in e]
         ev = list(dict.fromkeys(p for p in ev if p in cites))
         if ev:
             evidence.append(ev)

@@ -11,7 +11,7 @@ import yaml
 from prism.calibration import fit as fitting
 from prism.calibration import measure as measuring
 from prism.calibration import profiles
-from prism.calibration.cost_model import load_profile, roofline
+from prism.calibration.cost_model import load_profile, profile_from, roofline
 from prism.cli.common import entry_point, table
 from prism.errors import UserError
 from prism.output import check_out_file, write_atomic_text
@@ -61,12 +61,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def show(args) -> None:
+    if not 0 < args.mem_fraction <= 1:
+        raise UserError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
     if args.profile:
         prof = load_profile(args.profile, args.mem_fraction)
         g, m, cost = prof.gpu, prof.model, prof.cost
     else:
-        if not 0 < args.mem_fraction <= 1:
-            raise UserError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
         g, m = profiles.gpu(args.gpu), profiles.model(args.model)
         cost = roofline(g, m)
     kvb = m.kv_bytes_per_token()
@@ -97,16 +97,19 @@ def show(args) -> None:
 
 def do_fit(args) -> None:
     profiles.gpu(args.gpu), profiles.model(args.model)  # validate names first
+    if not 0 <= args.first_token_s < float("inf"):
+        raise UserError(f"--first-token-s must be a finite number >= 0, got {args.first_token_s}")
     out = check_out_file(args.out, "-o")
     check_out_file(out.with_suffix(".residuals.png"), "-o")
     m = fitting.read_measurements(args.measurements)
-    report = fitting.fit(m, args.first_token_s, name=out.stem)
+    report = fitting.fit(m, args.first_token_s, name=out.stem, where=str(args.measurements))
     c = report.cost
     doc = {"gpu": args.gpu, "model": args.model,
            "coefficients": {k: float(v) for k, v in c.coefficients().items()},
            "fit": {"measurements": str(args.measurements), "rows_prefill": report.rows_prefill,
                    "rows_decode": report.rows_decode, "mape_prefill": report.mape_prefill,
                    "mape_decode": report.mape_decode}}
+    profile_from(doc, str(out))  # what prism-sim will read back: the same rules, before anything is written
     write_atomic_text(out, yaml.safe_dump(doc, sort_keys=False))
     plot = fitting.residual_plot(report, m, out.with_suffix(".residuals.png"))
     print(table([[k, f"{v:.6g}"] for k, v in c.coefficients().items()], ["coefficient", "value"]))
@@ -122,8 +125,11 @@ def do_measure(args) -> None:
         batch_sizes=measuring.parse_sizes(args.batch_sizes, "--batch-sizes", 1),
         decode_context=args.decode_context, decode_steps=args.decode_steps, repeat=args.repeat,
         timing=args.timing, timeout_s=args.timeout)
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be > 0, got {args.timeout}")
+    measuring.check_url(args.url)
+    if not 0 < args.timeout < float("inf"):
+        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
     if args.vocab is not None and args.vocab <= measuring.FIRST_ID + 1:
         raise UserError(f"--vocab must be > {measuring.FIRST_ID + 1}, got {args.vocab}")
     measuring.check_plan(plan, {})
@@ -152,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "measure":
         do_measure(args)
     else:
-        if args.rows < 6 or args.noise < 0:
-            raise UserError("--rows must be >= 6 and --noise >= 0")
+        if not 6 <= args.rows <= fitting.MAX_ROWS:
+            raise UserError(f"--rows must be in 6..{fitting.MAX_ROWS}, got {args.rows}")
+        if not 0 <= args.noise < 1:  # NaN fails too; noise >= 1 makes negative times
+            raise UserError(f"--noise must be a relative noise in [0, 1), got {args.noise}")
+        if args.seed < 0:
+            raise UserError(f"--seed must be >= 0, got {args.seed}")
         out = check_out_file(args.out, "-o")
         cost = load_profile(args.profile).cost
         fitting.write_measurements(fitting.synthetic_measurements(cost, args.rows, args.noise, args.seed), out)

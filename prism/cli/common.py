@@ -6,6 +6,7 @@ import functools
 import sys
 from typing import Any, Callable
 
+from prism.config import MAX_QPS, MIN_QPS
 from prism.errors import UserError
 
 
@@ -18,7 +19,7 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
             try:
                 code = fn(argv)
             except UserError as e:
-                print(f"{prog}: error: {e}", file=sys.stderr)
+                print(f"{prog}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)  # one line, always
                 code = 2
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
@@ -30,6 +31,22 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
         return main
 
     return wrap
+
+
+def parse_rates(text: str, flag: str = "--qps") -> list[float]:
+    """``"40,50,60"`` → arrival rates, each finite and within the documented bounds of a trace's rate."""
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not MIN_QPS <= v <= MAX_QPS for v in vals):  # NaN fails too
+        raise UserError(f"{flag}: rates must be numbers in {MIN_QPS:g}..{MAX_QPS:g}, got {text!r}")
+    return vals
+
+
+def check_workers(workers: int) -> None:
+    if workers < 0:
+        raise UserError(f"--workers must be >= 0 (0: one per CPU), got {workers}")
 
 
 def table(rows: list[list[Any]], header: list[str]) -> str:

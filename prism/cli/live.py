@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
+from prism.calibration import profiles
+from prism.calibration.measure import check_url
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.errors import UserError
@@ -48,6 +52,15 @@ def options(args: argparse.Namespace):
         raise UserError(f"--dilation must be a positive number, got {args.dilation}")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {args.port}")
+    for flag, value in (("--startup-timeout", args.startup_timeout), ("--request-timeout", args.request_timeout)):
+        if not 0 < value < float("inf"):
+            raise UserError(f"{flag} must be a positive number of seconds, got {value}")
+    if args.url is not None:
+        check_url(args.url, "--url")
+    elif os.sep not in args.model and not Path(args.model).expanduser().exists():
+        profiles.model(args.model)  # a model name: known (a folder is checked when the run starts)
+    elif not Path(args.model).expanduser().is_dir():
+        raise UserError("expected a model folder holding config.json", args.model)
     return LiveOptions(model=args.model, url=args.url, pace=args.pace is not None, dilation=args.dilation,
                        device=args.device, port=args.port, startup_timeout_s=args.startup_timeout,
                        request_timeout_s=args.request_timeout)
@@ -90,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     apply_pace_profile(args)
     opts = options(args)
     spec = spec_from_args(args)
+    from prism.live.run import check_method
+
+    check_method(spec)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
     from tqdm import tqdm
 

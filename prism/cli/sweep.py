@@ -8,13 +8,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from prism.cli.common import table
+from prism.cli.common import check_workers, parse_rates, table
 from prism.errors import UserError
 from prism.policies.registry import METHODS
 from prism.sim.plots import plot_sweep
-from prism.settings import merge_flags, read_config, settings_from
+from prism.settings import check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
-from prism.traces.spec import is_materialized, resolve, spec_seed
+from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
 
 EPILOG = """\
 example:
@@ -30,15 +30,7 @@ of the same trace and settings merges with it (its runs are kept, the tables and
 other settings is refused unless --force, which removes the earlier sweep's files first.
 """ % ", ".join(METHODS)
 
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--{what}: expected a comma-separated list of numbers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise UserError(f"--{what}: values must be > 0, got {text!r}")
-    return vals
+MAX_SEEDS = 1000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,15 +56,24 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    qps = _floats(args.qps, "qps")
+    qps = parse_rates(args.qps)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.seeds < 1:
-        raise UserError(f"--seeds must be >= 1, got {args.seeds}")
+    if not methods:
+        raise UserError(f"--methods: expected comma-separated methods, got {args.methods!r}")
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        raise UserError(f"--seeds must be in 1..{MAX_SEEDS}, got {args.seeds}")
+    check_workers(args.workers)
+    if args.cdf_qps is not None and args.cdf_qps not in qps:
+        raise UserError(f"--cdf-qps {args.cdf_qps:g} is not one of --qps {args.qps}")
     base = merge_flags(read_config(args.config), args.overrides, profile=args.profile)
     where = args.config or "settings"
+    materialized = is_materialized(resolve(args.trace))
+    check_knobs_used(base, methods, where)
     for m in methods:  # validate every combination before starting workers
-        settings_from(task_config(base, m, qps[0], 0), where)
-    if is_materialized(resolve(args.trace)) and args.seeds > 1:
+        cfg = task_config(base, m, qps[0], None if materialized else 0)
+        settings_from(cfg, where)
+    check_source(args.trace, cfg["trace"])
+    if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
     seed0 = (base.get("trace") or {}).get("seed", spec_seed(args.trace))
     seeds = [int(seed0) + i for i in range(args.seeds)]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.cli.common import entry_point, table
-from prism.cli.sweep import _floats
+from prism.cli.common import check_workers, entry_point, parse_rates, table
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
 from prism.output import atomic_path, check_out_file, write_csv
-from prism.settings import RunSpec, merge_flags, read_config, settings_from
+from prism.settings import RunSpec, check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
+from prism.traces.spec import is_materialized, resolve
 
 THRESHOLD = 0.20
 OUTPUTS = ("theory.json", "theory.csv", "theory.png")
@@ -111,10 +111,13 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
 @entry_point("prism-theory")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    qps = _floats(args.qps, "qps")
+    qps = parse_rates(args.qps)
+    check_workers(args.workers)
     base = merge_flags(read_config(args.config), args.overrides, profile=args.profile)
     where = args.config or "settings"
-    spec = settings_from(task_config(base, args.method, qps[0], 0), where).resolve(args.trace)
+    check_knobs_used(base, [args.method], where)
+    fixed = is_materialized(resolve(args.trace))  # a materialized trace has no seed to set
+    spec = settings_from(task_config(base, args.method, qps[0], None if fixed else 0), where).resolve(args.trace)
     seed = int(spec.seed or 0)
     out = Path(args.out) if args.out else Path("runs") / f"theory-{Path(args.trace).stem}-{args.method}"
     sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers,

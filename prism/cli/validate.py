@@ -10,15 +10,16 @@ admission and retraction, with only the step times modelled (when paced).
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
-from prism.cli.common import entry_point, table
+from prism.cli.common import entry_point, parse_rates, table
 from prism.cli.live import add_live_flags, apply_pace_profile, options
 from prism.errors import UserError
 from prism.metrics import write_json
 from prism.output import atomic_path, check_out_file, prepare_out_dir, write_csv
-from prism.settings import merge_flags, read_config, settings_from
+from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
 
 HIT_POINTS, TTFT_REL = 0.02, 0.15
 COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", "p50_live_s", "p50_ratio",
@@ -40,16 +41,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     add_live_flags(p)
     return p
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not vals or any(not (0 < v < float("inf")) for v in vals):
-        raise UserError(f"{flag}: rates must be positive and finite, got {text!r}")
-    return vals
 
 
 def _ratio(a: float, b: float) -> float:
@@ -96,13 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     apply_pace_profile(args)
     opts = options(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    rates = _floats(args.qps, "--qps")
-    base = read_config(args.config)
+    rates = parse_rates(args.qps)
+    if not methods:
+        raise UserError(f"--methods: expected comma-separated methods, got {args.methods!r}")
+    where = args.config or "settings"
+    base = merge_flags(read_config(args.config), args.overrides, profile=args.profile, seed=args.seed)
+    check_knobs_used(base, methods, where)
     specs = []
     for m in methods:  # every run is checked before the first server starts
         for q in rates:
-            data = merge_flags(dict(base), args.overrides, method=m, profile=args.profile, qps=q, seed=args.seed)
-            specs.append(settings_from(data, args.config or "settings").resolve(args.trace))
+            data = merge_flags(copy.deepcopy(for_method(base, m)), [], method=m, qps=q)
+            specs.append(settings_from(data, where).resolve(args.trace))
+    from prism.live.run import check_method
+
+    for spec in specs:
+        check_method(spec)
     out = prepare_out_dir(args.out, "--out")
     for name in ("validate.csv", "validate.json", "validate.png"):
         check_out_file(out / name, "--out")

@@ -1,0 +1,571 @@
+"""Bad input, every CLI: exit status 2, one line on stderr naming the file, field or line, never a traceback.
+
+Argparse's own errors (a flag's type, a missing or unknown flag) keep argparse's convention: the usage, then
+one ``PROG: error: ...`` line (README, *Set-up*). Every case runs in-process and stops before any simulation,
+server or network call (those are replaced by stubs that fail the test if reached).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from prism.cli.calibrate import main as calibrate_main
+from prism.cli.live import main as live_main
+from prism.cli.sim import main as sim_main
+from prism.cli.theory import main as theory_main
+from prism.cli.trace import main as trace_main
+
+MAINS = {"sim": sim_main, "theory": theory_main, "calibrate": calibrate_main, "trace": trace_main,
+         "live": live_main}
+PROGS = {"sim": "prism-sim", "theory": "prism-theory", "calibrate": "prism-calibrate", "trace": "prism-trace",
+         "live": "prism-live"}
+
+
+def jl(*objs) -> str:
+    return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs)
+
+
+HEAD = {"prism_trace": 1, "kind": "custom", "spec": {}, "meta": {}}
+SYS_SEG = {"seg": "s", "kind": "sys", "first": 1}
+Q_SEG = {"seg": "q", "kind": "priv", "first": 2}
+
+
+def req(i, t=None, **kw):
+    return {"id": i, "t": 0.01 * i if t is None else t, "segs": [["s", 4], ["q", 2]], "out": 2, **kw}
+
+
+def trace_with(*lines) -> str:
+    return jl(HEAD, SYS_SEG, Q_SEG, *lines)
+
+
+GOOD_TRACE = trace_with(*(req(i) for i in range(20)))
+
+
+def mc(ts, n_in=600, out=10, hashes=(1, 2)):
+    return {"timestamp": ts, "input_length": n_in, "output_length": out, "hash_ids": list(hashes)}
+
+
+GOOD_PROFILE = "gpu: a800-80g\nmodel: qwen3-4b-instruct-2507\n"
+ROW_P = "prefill,{b},{n},{c},,{s}\n"
+CSV_HEAD = "kind,batch_size,new_tokens,cached_tokens,context_tokens,seconds\n"
+DECODES = "decode,1,,,512,0.01\ndecode,8,,,9000,0.02\ndecode,32,,,20000,0.04\n"
+PREFILLS = "prefill,1,128,0,,0.01\nprefill,2,512;300,0;128,,0.03\nprefill,1,2048,1024,,0.2\n"
+GARBAGE = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\xfa garbage \x80\x81"
+BAD_UTF8 = b"kind: zipf_hotspot\nqps: 40 \xff\xfe\n"
+NUL_YAML = b"kind: zipf_hotspot\n\x00qps: 40\n"
+
+MH_SPEC = "kind: zipf_hotspot\ncorpus: multihop_rag\ncorpus_path: {d}/mh\n"
+AGENT_SPEC = "kind: agent\ndomain: airline\ndata_path: {d}/tb\n"
+
+# One file's content a line: id | fragment | content (backslash escapes; {GOOD}: a valid profile, {HEAD}: the
+# CSV header, {PREFILLS}/{DECODES}: three valid rows of each kind)
+PROFILE_CASES = r"""
+profile-unknown-gpu          | p.yaml: unknown GPU 'tpu'       | gpu: tpu\nmodel: qwen3-4b-instruct-2507\n
+profile-coefficients-list    | field 'coefficients'            | {GOOD}coefficients: [1, 2]\n
+profile-coefficient-negative | coefficients: field 'a_p'       | {GOOD}coefficients: {a_p: -1}\n
+profile-coefficient-nan      | field 'c_d'                     | {GOOD}coefficients: {c_d: .nan}\n
+profile-efficiency-over-1    | efficiency: field 'prefill_mfu' | {GOOD}efficiency: {prefill_mfu: 2}\n
+profile-unknown-field        | unknown field 'turbo'           | {GOOD}turbo: 1\n
+profile-missing-model        | needs 'gpu' and 'model'         | gpu: a800-80g\n
+profile-gpu-list             | field 'gpu'                     | gpu: [a, b]\nmodel: llama-2-13b\n
+"""
+FIT_CASES = r"""
+fit-csv-nul                  | m.csv:2: NUL                               | {HEAD}prefill,1,\x00,0,,0.1\n
+fit-csv-identical-rows       | the prefill rows cannot identify b_p       | {HEAD}prefill,1,128,0,,0.01\nprefill,1,128,0,,0.01\nprefill,1,128,0,,0.01\n{DECODES}
+fit-csv-context-proportional | the decode rows cannot identify c_d        | {HEAD}{PREFILLS}decode,1,,,512,0.01\ndecode,8,,,4096,0.02\ndecode,32,,,16384,0.04\n
+fit-csv-missing-column       | m.csv:1: missing column 'new_tokens'       | kind,batch_size,seconds\nprefill,1,0.1\n
+fit-csv-bad-kind             | m.csv:2: field 'kind'                      | {HEAD}warmup,1,128,0,,0.01\n
+fit-csv-seconds-nan          | m.csv:2: field 'seconds'                   | {HEAD}prefill,1,128,0,,nan\n
+fit-csv-seconds-1e400        | m.csv:5: field 'seconds'                   | {HEAD}{PREFILLS}decode,1,,,512,1e400\n
+fit-csv-seconds-zero         | m.csv:2: field 'seconds'                   | {HEAD}prefill,1,128,0,,0\n
+fit-csv-batch-zero           | m.csv:2: field 'batch_size'                | {HEAD}prefill,0,128,0,,0.1\n
+fit-csv-list-mismatch        | m.csv:2                                    | {HEAD}prefill,2,128;64,0,,0.1\n
+fit-csv-too-few-rows         | needs at least 3 prefill and 3 decode rows | {HEAD}{PREFILLS}
+fit-csv-ragged-row           | m.csv:2                                    | {HEAD}prefill,1,128\n
+"""
+
+
+def file_cases(text: str, cli: str, name: str, argv: list[str]) -> list[tuple]:
+    fill = {"{GOOD}": GOOD_PROFILE, "{HEAD}": CSV_HEAD, "{PREFILLS}": PREFILLS, "{DECODES}": DECODES}
+    out = []
+    for line in text.strip().splitlines():
+        case, fragment, content = (part.strip() for part in line.split(" | "))
+        content = content.encode().decode("unicode_escape")
+        for key, value in fill.items():
+            content = content.replace(key, value)
+        out.append((case, cli, {name: content}, argv, fragment))
+    return out
+
+
+# Cases on the built-in zipf spec, one a line: id | CLI [subcommand] | flags (shell words) | fragment
+ZIPF_CASES = """
+qps-inf                         | sim           | --qps inf | field 'qps': must be a finite number
+qps-nan                         | sim           | --qps nan | field 'qps'
+qps-1e-300                      | sim           | --qps 1e-300 | field 'qps': must be >= 0.001
+qps-1e9                         | sim           | --qps 1e9 | field 'qps': must be <= 1000000
+qps-minus-inf                   | sim           | --qps=-inf | field 'qps'
+seed-negative                   | sim           | --seed -1 | field 'seed': must be >= 0
+num-requests-1e12               | sim           | --set trace.num_requests=1000000000000 | field 'num_requests': must be <= 1000000
+num-requests-zero               | sim           | --set trace.num_requests=0 | field 'num_requests'
+num-requests-float              | sim           | --set trace.num_requests=1.5 | field 'num_requests': must be an integer
+page-larger-than-kv             | sim           | --set engine.page_size=40000 | engine.page_size
+warmup-whole-trace              | sim           | --set engine.warmup_requests=20 | engine.warmup_requests: 20 warm-up requests leave none
+warmup-negative                 | sim           | --set engine.warmup_requests=-1 | field 'warmup_requests'
+kv-zero                         | sim           | --set engine.max_total_tokens=0 | field 'max_total_tokens'
+kv-inf                          | sim           | --set engine.max_total_tokens=.inf | field 'max_total_tokens'
+chunk-negative                  | sim           | --set engine.chunked_prefill_size=-5 | field 'chunked_prefill_size'
+running-bool                    | sim           | --set engine.max_running_requests=true | field 'max_running_requests'
+arrival-cv-nan                  | sim           | --set trace.arrival_cv=.nan | field 'arrival_cv'
+output-len-over-kv              | sim           | --set trace.output_len=1000000 | engine.max_total_tokens
+qas-weight-inf                  | sim           | --method prism --set qas.w_a=.inf | qas: field 'w_a'
+dart-f-negative                 | sim           | --method prism --set dart.f=-1 | dart: field 'f'
+klpm-k-zero                     | sim           | --method klpm --set klpm.k=0 | klpm: field 'k'
+set-duplicate-key               | sim           | --set 'engine={page_size: 1, page_size: 2}' | given twice
+unused-qas-under-sglang         | sim           | --set qas.q_cold=4 | section 'qas': no policy of sglang reads
+unused-klpm-under-sglang        | sim           | --set klpm.k=0 | section 'klpm'
+unused-contextpilot-under-prism | sim           | --method prism --set contextpilot.tree_size=5 | section 'contextpilot'
+unused-dart-under-qas-lru       | sim           | --method qas+lru --set dart.f=3 | section 'dart'
+profile-missing-file            | sim           | --profile '{d}/none.yaml' | none.yaml: no such file
+set-without-equals              | sim           | --set engine.page_size | --set 'engine.page_size'
+set-into-a-value                | sim           | --set engine=5 --set engine.page_size=2 | 'engine' is not a section
+argparse-qps-word               | sim           | --qps abc | --qps: invalid float value
+argparse-seed-float             | sim           | --seed 1.5 | --seed: invalid int value
+argparse-unknown-flag           | sim           | --turbo | unrecognized arguments: --turbo
+sweep-qps-inf                   | sim sweep     | --qps 40,inf | --qps
+sweep-qps-zero                  | sim sweep     | --qps 0 | --qps
+sweep-qps-nan                   | sim sweep     | --qps nan | --qps
+sweep-qps-1e-300                | sim sweep     | --qps 1e-300 | --qps
+sweep-qps-words                 | sim sweep     | --qps a,b | --qps
+sweep-workers-negative          | sim sweep     | --workers -1 | --workers
+sweep-seeds-zero                | sim sweep     | --seeds 0 | --seeds
+sweep-seeds-huge                | sim sweep     | --seeds 100000 | --seeds
+sweep-methods-empty             | sim sweep     | --methods , | --methods
+sweep-methods-unknown           | sim sweep     | --methods sglang,magic | unknown method 'magic'
+sweep-cdf-qps-not-run           | sim sweep     | --qps 10,20 --cdf-qps 33 | --cdf-qps
+sweep-unused-knobs              | sim sweep     | --methods sglang,klpm --set qas.q_cold=4 | section 'qas': no policy of sglang, klpm
+sweep-num-requests-1e12         | sim sweep     | --set trace.num_requests=1000000000000 | num_requests
+sweep-argparse-workers          | sim sweep     | --workers x | --workers
+theory-qps-inf                  | theory        | --qps 10,inf | --qps
+theory-qps-negative             | theory        | --qps -1 | --qps
+theory-workers-negative         | theory        | --workers -1 | --workers
+theory-unknown-method           | theory        | --method magic | unknown method
+theory-unused-knobs             | theory        | --method sglang --set qas.q_cold=4 | section 'qas'
+theory-page-size-zero           | theory        | --set engine.page_size=0 | page_size
+theory-argparse-workers         | theory        | --workers 1.5 | --workers
+live-dilation-nan               | live          | --pace --dilation nan | --dilation
+live-dilation-inf               | live          | --pace --dilation inf | --dilation
+live-dilation-zero              | live          | --dilation 0 | --dilation
+live-port-zero                  | live          | --port 0 | --port
+live-port-huge                  | live          | --port 70000 | --port
+live-startup-timeout-nan        | live          | --startup-timeout nan | --startup-timeout
+live-request-timeout-negative   | live          | --request-timeout -1 | --request-timeout
+live-url-ftp                    | live          | --url ftp://x | --url
+live-url-port                   | live          | --url http://h:99999 | --url
+live-unknown-model              | live          | --model nosuchmodel | unknown model 'nosuchmodel'
+live-model-missing-folder       | live          | --model /nonexistent/model | /nonexistent/model: expected a model folder
+live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --profile h100-sxm-80g:qwen3-8b | disagree
+live-pace-bogus                 | live          | --pace bogus | 'bogus'
+live-belady                     | live          | --eviction belady | simulator only
+live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
+live-qps-inf                    | live          | --qps inf | field 'qps'
+live-unused-knobs               | live          | --set qas.q_cold=4 | section 'qas'
+live-argparse-port              | live          | --port x | --port
+validate-qps-inf                | live validate | --qps inf | --qps
+validate-methods-empty          | live validate | --methods , | --methods
+validate-belady                 | live validate | --methods fcfs+belady | simulator only
+validate-dilation-zero          | live validate | --dilation 0 | --dilation
+validate-unused-knobs           | live validate | --methods sglang,fcfs --set qas.q_cold=2 | section 'qas'
+"""
+
+
+def zipf_cases(text: str) -> list[tuple]:
+    out = []
+    for line in text.strip().splitlines():
+        case, prog, flags, fragment = (part.strip() for part in line.split(" | "))
+        cli, *sub = prog.split()
+        out.append((case, cli, {}, sub + ["--trace", "zipf", *shlex.split(flags)], fragment))
+    return out
+
+
+# (id, cli, files {name: text or bytes}, argv ({d}: the case's folder), fragment of the one line)
+CASES = [
+    # --- binary garbage in every kind of input file ---
+    ("yaml-spec-garbage", "sim", {"s.yaml": GARBAGE}, ["--trace", "{d}/s.yaml"], "s.yaml:"),
+    ("yaml-spec-bad-utf8", "sim", {"s.yaml": BAD_UTF8}, ["--trace", "{d}/s.yaml"], "s.yaml:2: not UTF-8"),
+    ("yaml-spec-nul", "sim", {"s.yaml": NUL_YAML}, ["--trace", "{d}/s.yaml"], "s.yaml:2: NUL"),
+    ("config-bad-utf8", "sim", {"c.yaml": b"engine:\n  page_size: \xc3\x28\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:2"),
+    ("config-nul", "sim", {"c.yaml": b"\x00\x00\x00"}, ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:1"),
+    ("profile-garbage", "sim", {"p.yaml": GARBAGE}, ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml:"),
+    ("profile-nul", "sim", {"p.yaml": GOOD_PROFILE.encode() + b"\x00"},
+     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml:3: NUL"),
+    ("jsonl-bad-utf8-line3", "sim", {"t.jsonl": jl(HEAD, SYS_SEG).encode() + b'{"seg": "\xff"}\n'},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:3: not UTF-8"),
+    ("jsonl-nul-line2", "sim", {"t.jsonl": jl(HEAD).encode() + b"\x00\x00\n"}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:2"),
+    ("jsonl-all-garbage", "sim", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
+    ("mooncake-garbage-line2", "sim", {"m.jsonl": jl(mc(0)).encode() + GARBAGE},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:2"),
+    ("jsonl-empty", "sim", {"t.jsonl": ""}, ["--trace", "{d}/t.jsonl"], "empty trace file"),
+    ("spec-is-a-list", "sim", {"s.yaml": "- kind: zipf_hotspot\n"}, ["--trace", "{d}/s.yaml"], "s.yaml"),
+    ("config-bad-yaml", "sim", {"c.yaml": "engine:\n  page_size: [1\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:"),
+    # --- materialized traces ---
+    ("jsonl-duplicate-id", "sim", {"t.jsonl": trace_with(req(0), req(1), req(1))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:6: field 'id': request id 1 repeats"),
+    ("jsonl-first-over-int32", "sim", {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "sys", "first": 2**31}, req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:2: field 'first'"),
+    ("jsonl-tokens-over-int32", "sim",
+     {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "sys", "tokens": [1, 2**40]}, req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:2: field 'tokens'"),
+    ("jsonl-tokens-negative", "sim", {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "sys", "tokens": [1, -3]})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:2: field 'tokens'"),
+    ("jsonl-t-nan", "sim", {"t.jsonl": trace_with(req(0), '{"id": 1, "t": NaN, "segs": [["s", 4]], "out": 2}')},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:5"),
+    ("jsonl-t-infinity", "sim",
+     {"t.jsonl": trace_with('{"id": 0, "t": Infinity, "segs": [["s", 4]], "out": 2}')},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4"),
+    ("jsonl-t-1e400", "sim", {"t.jsonl": trace_with('{"id": 0, "t": 1e400, "segs": [["s", 4]], "out": 2}')},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4"),
+    ("jsonl-t-string", "sim", {"t.jsonl": trace_with(req(0, t="0.5"))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: field 't'"),
+    ("jsonl-bare-number", "sim", {"t.jsonl": trace_with(req(0), "42")}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:5: expected a JSON object"),
+    ("jsonl-not-in-arrival-order", "sim", {"t.jsonl": trace_with(req(0, t=1.0), req(1, t=0.5))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:5: field 't'"),
+    ("jsonl-out-huge", "sim", {"t.jsonl": trace_with(req(0, out=10**9))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: field 'out'"),
+    ("jsonl-seg-length-huge", "sim",
+     {"t.jsonl": trace_with({"id": 0, "t": 0, "segs": [["s", 10**12]], "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: field 'segs'"),
+    ("jsonl-seg-entry-shape", "sim", {"t.jsonl": trace_with({"id": 0, "t": 0, "segs": [["s"]], "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: field 'segs'"),
+    ("jsonl-header-spec-not-object", "sim", {"t.jsonl": jl({**HEAD, "spec": 5}, SYS_SEG, req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:1: field 'spec'"),
+    ("jsonl-unknown-request-field", "sim", {"t.jsonl": trace_with(req(0, prio=3))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: unknown field 'prio'"),
+    ("jsonl-negative-id", "sim", {"t.jsonl": trace_with(req(-1, t=0))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: field 'id'"),
+    ("jsonl-string-id", "sim", {"t.jsonl": trace_with(req("a", t=0))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: field 'id'"),
+    ("jsonl-fixed-not-bool", "sim", {"t.jsonl": trace_with(req(0, fixed="yes"))}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:4: field 'fixed'"),
+    ("jsonl-sys-not-first", "sim", {"t.jsonl": trace_with({"id": 0, "t": 0, "segs": [["q", 2], ["s", 4]],
+                                                           "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4"),
+    ("jsonl-segment-kind-conflict", "sim", {"t.jsonl": jl(HEAD, SYS_SEG, {"seg": "s", "kind": "priv", "first": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:3"),
+    ("jsonl-segment-bad-kind", "sim", {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "other", "first": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:2: field 'kind'"),
+    ("jsonl-empty-segs", "sim", {"t.jsonl": trace_with({"id": 0, "t": 0, "segs": [], "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: field 'segs'"),
+    ("jsonl-no-requests", "sim", {"t.jsonl": jl(HEAD, SYS_SEG)}, ["--trace", "{d}/t.jsonl"],
+     "trace has no requests"),
+    ("jsonl-explicit-tokens-too-short", "sim",
+     {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "sys", "tokens": [5, 6]}, {"id": 0, "t": 0, "segs": [["s", 5]],
+                                                                          "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:3"),
+    ("jsonl-segment-longer-than-kv-pool", "sim",
+     {"t.jsonl": jl(HEAD, {"seg": "big", "kind": "reuse", "first": 9}, {"id": 0, "t": 0, "segs": [["big", 40000]],
+                                                                        "out": 1})},
+     ["--trace", "{d}/t.jsonl"], "segment 'big' has 40000 tokens, more than the whole KV pool"),
+    # --- data folders a spec names ---
+    ("multihop-passages-garbage", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": GARBAGE,
+                                          "mh/queries.json": "[]"}, ["--trace", "{d}/s.yaml"],
+     "evidence_passages.jsonl:1"),
+    ("multihop-passage-bare-number", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n3\n',
+                                             "mh/queries.json": "[]"}, ["--trace", "{d}/s.yaml"],
+     "evidence_passages.jsonl:2: bad passage record"),
+    ("multihop-queries-bad-json", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n',
+                                          "mh/queries.json": "[\n{oops"}, ["--trace", "{d}/s.yaml"],
+     "queries.json:2: invalid JSON"),
+    ("multihop-queries-nul", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": '{"passage_id": 1}\n',
+                                     "mh/queries.json": b"[\x00]"}, ["--trace", "{d}/s.yaml"], "queries.json:1: NUL"),
+    ("agent-tools-garbage", "sim", {"s.yaml": AGENT_SPEC, "tb/airline/policy.md": "p",
+                                    "tb/airline/tools.json": GARBAGE}, ["--trace", "{d}/s.yaml"], "tools.json:1"),
+    ("agent-data-missing", "sim", {"s.yaml": AGENT_SPEC}, ["--trace", "{d}/s.yaml"], "τ-bench data not found"),
+    # --- raw Mooncake files ---
+    ("mooncake-non-monotonic", "sim", {"m.jsonl": jl(mc(1000), mc(500))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'timestamp'"),
+    ("mooncake-timestamp-string", "sim", {"m.jsonl": jl(mc(0), mc("12"))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'timestamp'"),
+    ("mooncake-timestamp-nan", "sim", {"m.jsonl": jl(mc(0), json.dumps(mc(0)).replace("0,", "NaN,", 1))},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:2"),
+    ("mooncake-timestamp-negative", "sim", {"m.jsonl": jl(mc(-5))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:1: field 'timestamp'"),
+    ("mooncake-bare-number", "sim", {"m.jsonl": jl(mc(0), "7")}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: expected a JSON object"),
+    ("mooncake-hash-ids-nested", "sim", {"m.jsonl": jl(mc(0), mc(1, hashes=([1], 2)))},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:2: field 'hash_ids'"),
+    ("mooncake-hash-ids-empty", "sim", {"m.jsonl": jl(mc(0), mc(1, hashes=()))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'hash_ids'"),
+    ("mooncake-input-zero", "sim", {"m.jsonl": jl(mc(0), mc(1, n_in=0))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'input_length'"),
+    ("mooncake-input-huge", "sim", {"m.jsonl": jl(mc(0), mc(1, n_in=10**9))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'input_length'"),
+    ("mooncake-output-negative", "sim", {"m.jsonl": jl(mc(0), mc(1, out=-1))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2: field 'output_length'"),
+    ("mooncake-missing-field", "sim", {"m.jsonl": jl(mc(0), {"timestamp": 1, "input_length": 5,
+                                                             "hash_ids": [1]})},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:2: missing field 'output_length'"),
+    ("mooncake-hash-count", "sim", {"m.jsonl": jl(mc(0), mc(1, n_in=2000))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:2"),
+    ("mooncake-qps-inf", "sim", {"m.jsonl": jl(mc(0), mc(5))}, ["--trace", "{d}/m.jsonl", "--qps", "inf"],
+     "field 'qps'"),
+    # --- numbers ---
+    ("jsonl-qps-inf", "sim", {"t.jsonl": GOOD_TRACE}, ["--trace", "{d}/t.jsonl", "--qps", "inf"], "trace.qps"),
+    ("jsonl-num-requests-zero", "sim", {"t.jsonl": GOOD_TRACE},
+     ["--trace", "{d}/t.jsonl", "--set", "trace.num_requests=0"], "trace.num_requests"),
+    ("jsonl-num-requests-1e12", "sim", {"t.jsonl": GOOD_TRACE},
+     ["--trace", "{d}/t.jsonl", "--set", "trace.num_requests=1000000000000"], "trace.num_requests"),
+    ("jsonl-seed-override", "sim", {"t.jsonl": GOOD_TRACE}, ["--trace", "{d}/t.jsonl", "--seed", "3"],
+     "cannot override 'seed'"),
+    ("mooncake-segment-tokens", "sim", {"s.yaml": "kind: mooncake\nsegment_tokens: 300\n"},
+     ["--trace", "{d}/s.yaml"], "segment_tokens"),
+    # --- silently wrong choices ---
+    ("nonexistent-dir-builtin-name", "sim", {}, ["--trace", "/nonexistent/dir/zipf.yaml"],
+     "/nonexistent/dir/zipf.yaml: no such trace file"),
+    ("relative-dir-builtin-name", "sim", {}, ["--trace", "{d}/nope/agent.yaml"], "nope/agent.yaml: no such trace"),
+    ("spec-duplicate-key", "sim", {"s.yaml": "kind: zipf_hotspot\nqps: 40\nqps: 80\n"}, ["--trace", "{d}/s.yaml"],
+     "s.yaml:3: invalid YAML: key 'qps' given twice"),
+    ("config-duplicate-nested-key", "sim", {"c.yaml": "engine:\n  page_size: 1\n  page_size: 2\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:3"),
+    ("config-duplicate-section", "sim", {"c.yaml": "engine: {}\nmethod: fcfs\nengine: {page_size: 2}\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:3"),
+    ("profile-duplicate-key", "sim", {"p.yaml": GOOD_PROFILE + "gpu: h100-sxm-80g\n"},
+     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml:3"),
+    ("unused-dart-in-config", "sim", {"c.yaml": "method: fcfs\ndart: {f: 8}\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml: section 'dart'"),
+    # --- misleading messages: folders, profiles ---
+    ("trace-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "{d}/sub"], "sub: is a directory"),
+    ("config-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "zipf", "--config", "{d}/sub"],
+     "sub: is a directory"),
+    ("profile-is-a-directory", "sim", {"sub/x": ""}, ["--trace", "zipf", "--profile", "{d}/sub"],
+     "sub: is a directory"),
+    ("jsonl-in-missing-dir", "sim", {}, ["--trace", "{d}/no/t.jsonl"], "no such trace file"),
+    # --- settings structure ---
+    ("config-is-a-list", "sim", {"c.yaml": "- 1\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml: a simulation config must be a mapping"),
+    ("config-trace-section-list", "sim", {"c.yaml": "trace: [1]\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "'trace' is not a section"),
+    ("config-engine-string", "sim", {"c.yaml": "engine: big\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "engine: expected a mapping"),
+    ("config-method-number", "sim", {"c.yaml": "method: 5\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "field 'method'"),
+    # --- argparse's convention: usage + one error line ---
+    ("argparse-missing-trace", "sim", {}, [], "--trace"),
+    # --- prism-sim sweep ---
+    ("sweep-jsonl-seeds", "sim", {"t.jsonl": GOOD_TRACE}, ["sweep", "--trace", "{d}/t.jsonl", "--seeds", "2",
+                                                           "--methods", "fcfs"], "--seeds > 1"),
+    ("sweep-config-garbage", "sim", {"c.yaml": GARBAGE}, ["sweep", "--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml:"),
+    ("sweep-trace-missing-dir", "sim", {}, ["sweep", "--trace", "/nonexistent/dir/zipf.yaml"], "no such trace file"),
+    # --- prism-theory ---
+    ("theory-trace-directory", "theory", {"sub/x": ""}, ["--trace", "{d}/sub"], "is a directory"),
+    ("theory-profile-directory", "theory", {"sub/x": ""}, ["--trace", "zipf", "--profile", "{d}/sub"],
+     "is a directory"),
+    # --- prism-calibrate show ---
+    ("show-mem-fraction-5", "calibrate", {}, ["show", "--mem-fraction", "5"], "--mem-fraction"),
+    ("show-mem-fraction-nan", "calibrate", {}, ["show", "--mem-fraction", "nan"], "--mem-fraction"),
+    ("show-mem-fraction-zero", "calibrate", {}, ["show", "--mem-fraction", "0"], "--mem-fraction"),
+    ("show-mem-fraction-5-profile", "calibrate", {"p.yaml": GOOD_PROFILE},
+     ["show", "--profile", "{d}/p.yaml", "--mem-fraction", "5"], "--mem-fraction"),
+    ("show-unknown-gpu", "calibrate", {}, ["show", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+    ("show-unknown-model", "calibrate", {}, ["show", "--model", "nope"], "unknown model 'nope'"),
+    ("show-profile-directory", "calibrate", {"sub/x": ""}, ["show", "--profile", "{d}/sub"], "is a directory"),
+    ("show-profile-garbage", "calibrate", {"p.yaml": GARBAGE}, ["show", "--profile", "{d}/p.yaml"], "p.yaml:"),
+    ("show-model-does-not-fit", "calibrate", {}, ["show", "--model", "llama-2-13b", "--mem-fraction", "0.05"],
+     "mem_fraction"),
+    # --- prism-calibrate fit ---
+    ("fit-csv-garbage", "calibrate", {"m.csv": GARBAGE}, ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:1"),
+    ("fit-csv-empty", "calibrate", {"m.csv": ""}, ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv: empty file"),
+    ("fit-csv-directory", "calibrate", {"sub/x": ""}, ["fit", "{d}/sub", "-o", "{d}/p.yaml"], "is a directory"),
+    ("fit-csv-missing", "calibrate", {}, ["fit", "{d}/none.csv", "-o", "{d}/p.yaml"], "none.csv: no such file"),
+    ("fit-first-token-negative", "calibrate", {"m.csv": CSV_HEAD + PREFILLS + DECODES},
+     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml", "--first-token-s", "-1"], "--first-token-s"),
+    ("fit-first-token-nan", "calibrate", {"m.csv": CSV_HEAD + PREFILLS + DECODES},
+     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml", "--first-token-s", "nan"], "--first-token-s"),
+    ("fit-unknown-gpu", "calibrate", {"m.csv": CSV_HEAD + PREFILLS + DECODES},
+     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml", "--gpu", "tpu"], "unknown GPU"),
+    ("fit-argparse-no-out", "calibrate", {"m.csv": CSV_HEAD}, ["fit", "{d}/m.csv"], "-o/--out"),
+    # --- prism-calibrate synth ---
+    ("synth-noise-nan", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--noise", "nan"], "--noise"),
+    ("synth-noise-negative", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--noise", "-0.1"], "--noise"),
+    ("synth-noise-inf", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--noise", "inf"], "--noise"),
+    ("synth-rows-5", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--rows", "5"], "--rows"),
+    ("synth-rows-huge", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--rows", "1000000000"], "--rows"),
+    ("synth-seed-negative", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--seed", "-1"], "--seed"),
+    ("synth-unknown-profile", "calibrate", {}, ["synth", "-o", "{d}/m.csv", "--profile", "tpu:x"], "unknown GPU"),
+    # --- prism-calibrate measure (URL and flags only: nothing is contacted) ---
+    ("measure-url-ftp", "calibrate", {}, ["measure", "--url", "ftp://x"], "--url"),
+    ("measure-url-word", "calibrate", {}, ["measure", "--url", "notaurl"], "--url"),
+    ("measure-url-no-host", "calibrate", {}, ["measure", "--url", "http://"], "--url"),
+    ("measure-url-port-range", "calibrate", {}, ["measure", "--url", "http://127.0.0.1:99999"], "--url"),
+    ("measure-timeout-nan", "calibrate", {}, ["measure", "--url", "http://h:1", "--timeout", "nan"], "--timeout"),
+    ("measure-timeout-zero", "calibrate", {}, ["measure", "--url", "http://h:1", "--timeout", "0"], "--timeout"),
+    ("measure-repeat-zero", "calibrate", {}, ["measure", "--url", "http://h:1", "--repeat", "0"], "--repeat"),
+    ("measure-decode-steps", "calibrate", {}, ["measure", "--url", "http://h:1", "--decode-steps", "4"],
+     "--decode-steps"),
+    ("measure-prefill-words", "calibrate", {}, ["measure", "--url", "http://h:1", "--prefill-sizes", "a,b"],
+     "--prefill-sizes"),
+    ("measure-cached-negative", "calibrate", {}, ["measure", "--url", "http://h:1", "--cached", "-1"], "--cached"),
+    ("measure-batch-zero", "calibrate", {}, ["measure", "--url", "http://h:1", "--batch-sizes", "0"],
+     "--batch-sizes"),
+    ("measure-vocab-tiny", "calibrate", {}, ["measure", "--url", "http://h:1", "--vocab", "2"], "--vocab"),
+    ("measure-seed-negative", "calibrate", {}, ["measure", "--url", "http://h:1", "--seed", "-1"], "--seed"),
+    ("measure-argparse-timing", "calibrate", {}, ["measure", "--url", "http://h:1", "--timing", "bogus"],
+     "--timing"),
+    # --- prism-trace gen, stats, sample ---
+    ("gen-spec-garbage", "trace", {"s.yaml": GARBAGE}, ["gen", "{d}/s.yaml", "-o", "{d}/t.jsonl"], "s.yaml:"),
+    ("gen-qps-inf", "trace", {}, ["gen", "zipf", "-o", "{d}/t.jsonl", "--set", "qps=.inf"], "field 'qps'"),
+    ("gen-num-requests-1e12", "trace", {}, ["gen", "zipf", "-o", "{d}/t.jsonl", "--set",
+                                            "num_requests=1000000000000"], "field 'num_requests'"),
+    ("gen-seed-negative", "trace", {}, ["gen", "zipf", "-o", "{d}/t.jsonl", "--set", "seed=-1"], "field 'seed'"),
+    ("gen-set-no-equals", "trace", {}, ["gen", "zipf", "-o", "{d}/t.jsonl", "--set", "bad"], "--set 'bad'"),
+    ("gen-set-nested", "trace", {}, ["gen", "zipf", "-o", "{d}/t.jsonl", "--set", "a.b=1"], "trace fields are flat"),
+    ("gen-nonexistent-dir", "trace", {}, ["gen", "/nonexistent/dir/zipf.yaml", "-o", "{d}/t.jsonl"],
+     "no such trace file"),
+    ("gen-directory", "trace", {"sub/x": ""}, ["gen", "{d}/sub", "-o", "{d}/t.jsonl"], "is a directory"),
+    ("gen-duplicate-key", "trace", {"s.yaml": "kind: zipf_hotspot\nseed: 1\nseed: 2\n"},
+     ["gen", "{d}/s.yaml", "-o", "{d}/t.jsonl"], "s.yaml:3"),
+    ("stats-duplicate-ids", "trace", {"t.jsonl": trace_with(req(0), req(0))}, ["stats", "{d}/t.jsonl"],
+     "t.jsonl:5"),
+    ("stats-garbage", "trace", {"t.jsonl": GARBAGE}, ["stats", "{d}/t.jsonl"], "t.jsonl:1"),
+    ("stats-mooncake-non-monotonic", "trace", {"m.jsonl": jl(mc(0), mc(9), mc(3))}, ["stats", "{d}/m.jsonl"],
+     "m.jsonl:3"),
+    ("stats-qps-tiny", "trace", {"t.jsonl": GOOD_TRACE}, ["stats", "{d}/t.jsonl", "--set", "qps=1e-300"],
+     "trace.qps"),
+    ("stats-spec-duplicate-key", "trace", {"s.yaml": "kind: zipf_hotspot\nkind: agent\n"}, ["stats", "{d}/s.yaml"],
+     "s.yaml:2"),
+    ("stats-missing", "trace", {}, ["stats", "{d}/none.jsonl"], "none.jsonl"),
+    ("sample-n-zero", "trace", {"t.jsonl": GOOD_TRACE}, ["sample", "{d}/t.jsonl", "-n", "0"], "-n"),
+    ("sample-t-nan", "trace", {"t.jsonl": trace_with('{"id": 0, "t": NaN, "segs": [["s", 4]], "out": 2}')},
+     ["sample", "{d}/t.jsonl"], "t.jsonl:4"),
+    ("sample-argparse-n", "trace", {}, ["sample", "zipf", "-n", "x"], "-n"),
+    ("trace-argparse-no-command", "trace", {}, [], "required"),
+    # --- prism-live (flag validation only: no server starts) ---
+    ("live-trace-garbage", "live", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
+]
+
+CASES += zipf_cases(ZIPF_CASES)
+CASES += file_cases(PROFILE_CASES, "sim", "p.yaml", ["--trace", "zipf", "--profile", "{d}/p.yaml"])
+CASES += file_cases(FIT_CASES, "calibrate", "m.csv", ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"])
+
+# prism-sim, prism-theory, prism-live: small traces, no progress bar, a throw-away output folder
+RUN_CLIS = {"sim", "theory", "live"}
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("a bad input reached the run: it should have been rejected before")
+
+
+@pytest.fixture(autouse=True)
+def no_runs(monkeypatch):
+    """Nothing past validation: no simulation, sweep, server or network measurement."""
+    import prism.calibration.measure as measure
+    import prism.cli.sim as cli_sim
+    import prism.live.run as live_run
+    import prism.sim.sweep as sweep
+
+    monkeypatch.setattr(cli_sim, "simulate", _never)
+    monkeypatch.setattr(sweep.Sweep, "run", _never)
+    monkeypatch.setattr(live_run, "live_run", _never)
+    monkeypatch.setattr(measure, "measure", _never)
+
+
+def _argv(cli: str, argv: list[str], d: str) -> list[str]:
+    args = [a.replace("{d}", d) for a in argv]
+    if cli not in RUN_CLIS:
+        return args
+    extra = ["--set", "trace.num_requests=20", "--out", f"{d}/out"] + ([] if cli == "theory" else ["--no-progress"])
+    if args and args[0] in ("sweep", "validate"):
+        return args[:1] + extra + args[1:]
+    return extra + args
+
+
+def run_cli(cli: str, argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = MAINS[cli](argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cli,files,argv,fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, capsys, cli, files, argv, fragment):
+    for name, content in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content if isinstance(content, bytes) else content.replace("{d}", str(tmp_path)).encode())
+    code, err = run_cli(cli, _argv(cli, argv, str(tmp_path)), capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    prog = PROGS[cli]
+    if lines and lines[0].startswith("usage:"):  # argparse: the usage block, then one error line
+        assert all(not ln.startswith(prog) or ln.startswith("usage:") for ln in lines[:-1]), err
+        assert ": error: " in lines[-1] and lines[-1].startswith(prog), err
+    else:
+        assert len(lines) == 1, err
+        assert lines[0].startswith(prog) and ": error: " in lines[0], err
+    assert fragment in lines[-1], err
+
+
+def test_enough_distinct_cases():
+    ids = [c[0] for c in CASES]
+    assert len(set(ids)) == len(ids) and len(ids) >= 120
+
+
+def test_sweep_of_a_materialized_trace_sets_no_seed(tmp_path, capsys, monkeypatch):
+    """A sweep over a JSONL trace never overrides the seed the user did not give (it has none to set)."""
+    import prism.sim.sweep as sweep
+
+    monkeypatch.undo()
+    (tmp_path / "t.jsonl").write_text(GOOD_TRACE)
+    tasks = sweep.Sweep(str(tmp_path / "t.jsonl"), ["fcfs", "sglang"], [10.0], [0], {}, tmp_path / "o").tasks()
+    assert all("seed" not in t.config["trace"] for t in tasks)
+    code = sim_main(["sweep", "--trace", str(tmp_path / "t.jsonl"), "--methods", "fcfs", "--qps", "10",
+                     "--no-belady", "--workers", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_fit_never_writes_a_profile_prism_sim_rejects(tmp_path, capsys, monkeypatch):
+    """The fitted profile is validated with the rules prism-sim reads it with, before it is written."""
+    import dataclasses
+
+    from prism.calibration import fit as fitting
+
+    real_fit = fitting.fit
+
+    def nan_fit(*args, **kwargs):
+        report = real_fit(*args, **kwargs)
+        return dataclasses.replace(report, cost=dataclasses.replace(report.cost, c_p=float("nan")))
+
+    monkeypatch.setattr(fitting, "fit", nan_fit)
+    (tmp_path / "m.csv").write_text(CSV_HEAD + PREFILLS + DECODES)
+    code, err = run_cli("calibrate", ["fit", str(tmp_path / "m.csv"), "-o", str(tmp_path / "p.yaml")], capsys)
+    assert code == 2 and "field 'c_p'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_builtin_specs_by_bare_name(tmp_path, monkeypatch):
+    """Only a bare name is a built-in; an existing path is always the file."""
+    from conftest import ROOT
+    from prism.traces.spec import resolve
+
+    assert resolve("zipf").name == resolve("zipf.yaml").name == "zipf.yaml"
+    monkeypatch.chdir(ROOT)
+    assert resolve("traces/zipf.yaml") == ROOT.joinpath("traces", "zipf.yaml").relative_to(ROOT)
+
+
+def test_sweep_knobs_read_by_some_method_are_accepted(tmp_path):
+    """Settings shared by a sweep may hold knobs any one of its methods reads; each run gets its own."""
+    from prism.settings import check_knobs_used, for_method
+
+    data = {"qas": {"q_cold": 4}, "lpm": {"fcfs_threshold": 64}}
+    check_knobs_used(data, ["sglang", "prism"], "settings")
+    assert for_method(data, "sglang") == {"lpm": {"fcfs_threshold": 64}}
+    assert for_method(data, "prism") == {"qas": {"q_cold": 4}}
