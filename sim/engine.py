@@ -7,6 +7,8 @@ The story of one iteration, as in SGLang's scheduler loop (prefill has priority 
    ``max_running_requests`` and KV space allow. KV space counts evictable cache and reserves every admitted
    request's remaining prompt chunks and decode tokens, so a running request is never preempted. A prompt
    longer than the remaining chunk budget is cut; its next chunk goes first in the next prefill batch.
+   The tree holds whole pages: a prompt's last partial page is the request's own KV, in use until it
+   finishes (then inserted with the generated tokens, or freed).
 2. Otherwise, if requests are running, one decode step generates one token for each of them.
 3. Otherwise the engine sleeps until a request arrives.
 
@@ -96,6 +98,9 @@ class Engine:
         self.decoding: list[tuple[int, Seq]] = []  # heap by finish step
         self.chunked: Seq | None = None
         self.decode_alloc = 0  # KV tokens of generated tokens, not yet in the tree
+        # KV tokens of running requests' prompts outside the tree: the tree holds whole pages, so a prompt's
+        # last partial page stays the request's own until it finishes (inserted with its output, or freed)
+        self.tails = 0
         self.inflight = 0  # KV tokens of prefill chunks being computed, not yet in the tree
         self.reserved = 0  # KV tokens promised to admitted requests, not yet allocated
         self.step = 0  # decode steps so far
@@ -151,7 +156,7 @@ class Engine:
     def _free(self) -> float:
         if self.capacity is None:
             return float("inf")
-        return self.capacity - self.cache.size - self.decode_alloc - self.inflight
+        return self.capacity - self.cache.size - self.decode_alloc - self.tails - self.inflight
 
     def _available(self) -> float:
         """Tokens a new admission may claim: free + evictable − promised."""
@@ -260,9 +265,11 @@ class Engine:
     def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> None:
         now = self.env.now
         for seq, take, _ in batch:
+            tail = seq.done - seq.node.depth  # computed before this chunk, not in the tree
             seq.done += take
             self.inflight -= take
             _, node = self.cache.insert(seq.key[:seq.done * TOKEN_BYTES], now, seq.layout, start=seq.node)
+            self.tails += seq.done - node.depth - tail
             self.cache.relock(seq.node, node)
             seq.node = node
             if seq.done < seq.prompt_len:
@@ -285,6 +292,7 @@ class Engine:
             self.cache.insert(full, now, seq.layout, start=seq.node)
             self.decode_alloc -= generated
             self.sum_ctx -= seq.prompt_len + seq.output_len
+        self.tails -= seq.prompt_len - seq.node.depth  # its partial page: in the tree now, or freed
         self.cache.unlock(seq.node)
         seq.node = None
         self.full = False

@@ -36,7 +36,7 @@ def audited(monkeypatch):
 
     def check(self):
         self.cache.check()
-        used = self.cache.size + self.decode_alloc + self.inflight
+        used = self.cache.size + self.decode_alloc + self.tails + self.inflight
         assert self.capacity is None or used <= self.capacity, (used, self.capacity)
         assert self.reserved >= 0 and self.decode_alloc >= 0 and self.inflight >= 0
         seen["checks"] += 1
@@ -86,6 +86,18 @@ def test_concurrency_limit_and_chunking(trace, profile, audited):
     assert any(r.sent > r.arrival for r in res.records), "some requests waited client-side"
     # 256-token chunks: a ~770-token prompt needs several prefill iterations
     assert res.counters["prefill_iterations"] >= 60 * 2
+
+
+def test_a_prompts_partial_page_is_in_use_until_it_finishes(profile, audited):
+    """Found by tests/test_invariants.py: the tree holds whole pages, so a 30-token prompt on pages of 16 left
+    14 computed tokens outside the tree that nobody counted; its finish inserted them with its output (a
+    whole page more than its decode had allocated) and the tree grew to 48 tokens in a 40-token cache."""
+    trace = make_trace([(0.0, [(PRIV, "q0", 30)], 3), (0.004, [(PRIV, "q1", 22)], 1)])  # 1 comes while 0 decodes
+    res = simulate(RunSpec.build(trace, "fcfs", "lru", profile=profile,
+                                 engine=EngineConfig(max_total_tokens=40, page_size=16)))
+    first, second = sorted(res.records, key=lambda r: r.id)
+    assert second.prefill_start >= first.finish  # request 1 waits until request 0's partial page is freed
+    assert audited["checks"] >= 3
 
 
 def test_same_seed_same_bytes(tmp_path, profile):
