@@ -1,0 +1,416 @@
+"""The engine's invariants, property-tested end to end (issue #13).
+
+Hypothesis draws small traces (built in code from a small segment pool, with simultaneous arrivals, shared
+and truncated segments, fixed-order prompts) and engine settings (a KV capacity small enough to evict, but at
+least the largest request; page size 1/4/16; chunked-prefill, prefill, running and concurrency limits), and
+runs every scheduler (QAS inside the engine and as a windowed front end) with every eviction policy through
+:func:`prism.sim.run.simulate`. An :class:`Observer` wraps the engine's and the cache's methods for the
+run (the production code is not touched) and checks, at every event:
+
+* KV in use (resident tree tokens + generated tokens + the prefill batch being computed, each counted by the
+  observer, not read from the engine's counters) never exceeds the capacity: at every iteration start, after
+  every prefill end, finish, allocation, eviction pass and insertion;
+* the lock references are exactly those of the admitted, unfinished requests' paths, and an eviction pass
+  removes only unlocked leaves and leaves every locked node in the tree;
+* a peek (``match_len``, ``match_path``) changes nothing in the tree;
+
+and, per run: every request finishes exactly once, with timestamps equal to the events the observer saw, so
+that W_admit + T_prefill + T_1tok is TTFT event by event; hit tokens stay below the prompt and never exceed the
+infinite-cache hit of the prompts as served (final segment order, admission order); a repeated run in the
+same process (without the observer) gives identical records and summary (wall time aside).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from prism.calibration.cost_model import CostModel, load_profile
+from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
+from prism.settings import EngineConfig, RunSpec
+from prism.sim import engine as engine_mod
+from prism.sim import radix_cache as cache_mod
+from prism.sim.run import simulate
+from prism.traces.stats import infinite_cache_hits
+from prism.traces.trace import Trace
+from prism.traces.zipf import ZipfHotspotSpec, generate
+
+PROFILE = load_profile()
+FIRST_TOKEN_S = PROFILE.cost.first_token_s
+
+#: every scheduler the registry has, QAS in both deployments ("qas_window": a front end, window_s > 0)
+SCHEDULERS = ["fcfs", "lpm", "dfs_weight", "klpm", "contextpilot", "qas", "qas_window"]
+EVICTIONS = ["lru", "lfu", "lru_active", "dart", "belady"]
+
+EXAMPLES = int(os.environ.get("PRISM_INVARIANT_EXAMPLES", 200))  # per scheduler deployment; all properties each
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+@st.composite
+def small_traces(draw) -> Trace:
+    """5-30 requests over a small segment pool: most share a system prompt and some reusable segments (in
+    random order, sometimes truncated), each has a private suffix; arrivals often coincide."""
+    table = SegmentTable()
+    n = draw(st.integers(5, 30))
+    sys_lens = draw(st.lists(st.integers(1, 40), min_size=1, max_size=2))
+    pool = draw(st.lists(st.integers(1, 48), min_size=1, max_size=8))  # reusable segment lengths by index
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0, 0.001, 0.004, 0.02, 0.1]))
+        segs = []
+        s = draw(st.integers(-1, len(sys_lens) - 1))
+        if s >= 0:
+            segs.append(table.segment(f"sys{s}", SYS, sys_lens[s]))
+        picks = draw(st.lists(st.integers(0, len(pool) - 1), unique=True, max_size=min(4, len(pool))))
+        for p in picks:
+            cut = draw(st.integers(0, 5))  # a truncated passage now and then: a prefix of the full one
+            length = pool[p] if cut else max(1, pool[p] // 2)
+            segs.append(table.segment(f"p{p}", REUSE, length))
+        if not segs or draw(st.integers(0, 7)):
+            segs.append(table.segment(f"q{i}", PRIV, draw(st.integers(1, 40))))
+        fixed = draw(st.integers(0, 9)) == 0
+        reqs.append(Request(i, t, tuple(segs), draw(st.integers(1, 12)), fixed_order=fixed))
+    return Trace(reqs, table, "custom", {"qps": None, "seed": 0})
+
+
+def zipf_traces():
+    """The zipf generator at small sizes and random seeds (its prompts are long: few requests)."""
+    return st.builds(lambda seed, n, qps, k, hot: generate(ZipfHotspotSpec(
+        seed=seed, num_requests=n, qps=qps, k=k, hot_set=hot, num_passages=40, chunk_tokens=16, sys_tokens=24,
+        suffix_min=4, suffix_max=12, output_len=4)),
+        st.integers(0, 2**31 - 1), st.integers(5, 20), st.sampled_from([20.0, 200.0, 2000.0]),
+        st.integers(1, 4), st.integers(1, 8))
+
+
+@st.composite
+def engines(draw, trace: Trace) -> EngineConfig:
+    need = max(r.prompt_len + r.output_len - 1 for r in trace.requests)
+    total = sum(r.prompt_len + r.output_len for r in trace.requests)
+    page = draw(st.sampled_from([1, 4, 16]))
+    return EngineConfig(
+        max_total_tokens=need + draw(st.integers(0, max(1, total // 2))),
+        page_size=page,
+        chunked_prefill_size=draw(st.integers(page, 160)),
+        max_prefill_tokens=draw(st.integers(1, 200)),
+        max_running_requests=draw(st.integers(1, 8)),
+        max_concurrency=draw(st.none() | st.integers(1, 8)))
+
+
+def knobs(draw, scheduler: str, eviction: str) -> dict:
+    out: dict = {}
+    if scheduler in ("lpm", "dfs_weight"):
+        out["lpm"] = {"fcfs_threshold": draw(st.integers(0, 40)), "check_threshold": draw(st.integers(0, 40)),
+                      "deprioritize_threshold": draw(st.integers(0, 40))}
+    elif scheduler == "klpm":
+        out["klpm"] = {"k": draw(st.integers(1, 4))}
+    elif scheduler == "contextpilot":
+        out["contextpilot"] = {"tree_size": draw(st.integers(1, 16)), "rebuild_every": draw(st.integers(1, 8))}
+    elif scheduler.startswith("qas"):
+        out["qas"] = {"f_front": draw(st.integers(0, 3)), "kappa": draw(st.integers(1, 2)),
+                      "q_cold": draw(st.integers(0, 3)),
+                      "window_s": draw(st.sampled_from([0.001, 0.01, 0.05])) if scheduler == "qas_window" else 0.0}
+    if eviction == "dart":
+        out["dart"] = {"f": draw(st.integers(0, 4))}
+    return out
+
+
+@st.composite
+def runs(draw, scheduler: str) -> RunSpec:
+    trace = draw(st.one_of(small_traces(), small_traces(), small_traces(), zipf_traces()))
+    eviction = draw(st.sampled_from(EVICTIONS))
+    sched = "qas" if scheduler == "qas_window" else scheduler
+    return RunSpec.build(trace, sched, eviction, engine=draw(engines(trace)), profile=PROFILE,
+                         knobs=knobs(draw, scheduler, eviction))
+
+
+# ---------------------------------------------------------------------------------------------- the observer
+def tree_snapshot(cache: cache_mod.RadixCache) -> tuple:
+    """Everything about the tree a peek could change: every node's fields and links, and the totals."""
+    nodes = []
+    stack = [cache.root]
+    while stack:
+        n = stack.pop()
+        nodes.append((id(n), n.place, n.serial, id(n.parent), n.key, n.length, n.depth, n.lock_ref,
+                      n.last_access_time, n.hit_count, n.kind, n.seg_id,
+                      tuple((k, id(c)) for k, c in n.children.items())))
+        stack.extend(n.children.values())
+    return (tuple(nodes), cache.size, cache.evictable_size, frozenset(map(id, cache._leaves)),
+            tuple(sorted(cache.resident.items())), cache._next_id)
+
+
+def tree_tokens(cache: cache_mod.RadixCache) -> int:
+    return sum(n.length for n in cache.nodes())
+
+
+def attached(cache: cache_mod.RadixCache, node) -> bool:
+    """``node`` still hangs from the root."""
+    while node is not cache.root:
+        parent = node.parent
+        if parent is None or parent.children.get(node.key[:cache._pb]) is not node:
+            return False
+        node = parent
+    return True
+
+
+class Observer:
+    """Wraps the engine's and the cache's methods for one run and checks the invariants at every event."""
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.finished: Counter = Counter()
+        self.admitted_hit: dict[int, int] = {}  # request id -> cached tokens at its (first) admission
+        self.start: dict[int, float] = {}  # request id -> start of the first prefill iteration it was in
+        self.end: dict[int, float] = {}  # request id -> end of its last prefill chunk
+        self.finish: dict[int, float] = {}
+        self.served: list[Request] = []  # final segment order, at admission time
+        self.batch_tokens = 0  # the prefill batch being computed (observer's count)
+        self.decode_starts = 0  # decode iterations started so far
+        self.decode_since: dict[int, int] = {}  # decoding request id -> decode_starts when its prefill ended
+        self.events = Counter()
+
+    # ------------------------------------------------------------------ checks
+    def audit(self, where: str) -> None:
+        eng = self.engine
+        cache = eng.cache
+        cache.check()
+        decoding = sum(self.decode_starts - self.decode_since[s.id] for _, s in eng.decoding)
+        tails = sum(s.done - s.node.depth for s in eng.active.values())  # prompt KV outside the tree (pages)
+        used = tree_tokens(cache) + decoding + tails + self.batch_tokens
+        assert used <= eng.capacity, f"{where}: KV in use {used} > capacity {eng.capacity}"
+        assert (cache.size, eng.decode_alloc, eng.tails, eng.inflight) == (
+            tree_tokens(cache), decoding, tails, self.batch_tokens), \
+            f"{where}: engine's KV accounting differs from the observer's"
+        assert eng.reserved >= 0, f"{where}: negative reservation"
+        # lock references are exactly the running requests' paths (the root's own lock aside)
+        expected: Counter = Counter()
+        for seq in eng.active.values():
+            n = seq.node
+            while n is not cache.root:
+                expected[id(n)] += 1
+                n = n.parent
+        actual = {id(n): n.lock_ref for n in cache.nodes() if n.lock_ref}
+        assert actual == dict(expected), f"{where}: lock references differ from the running requests' paths"
+        assert cache.root.lock_ref == 1
+        self.events[where] += 1
+
+    # ------------------------------------------------------------------ wrappers
+    @contextlib.contextmanager
+    def installed(self, peek_every: int = 1):
+        E, C = engine_mod.Engine, cache_mod.RadixCache
+        orig = {name: getattr(E, name) for name in ("__init__", "_loop", "_form_prefill_batch", "_end_prefill",
+                                                     "_finish", "_allocate")}
+        corig = {name: getattr(C, name) for name in ("evict", "insert", "match", "match_len", "match_path")}
+        decode_time = CostModel.decode_time
+        obs = self
+
+        def init(eng, *a, **kw):
+            assert obs.engine is None, "one engine per run"
+            obs.engine = eng
+            orig["__init__"](eng, *a, **kw)
+
+        def loop(eng):  # every iteration: check the state when the engine yields (iteration start, idle)
+            gen = orig["_loop"](eng)
+            value = None
+            while True:
+                step = gen.send(value)
+                obs.audit("iteration")
+                obs.events["full"] += eng.full
+                value = yield step
+
+        def form(eng):
+            batch = orig["_form_prefill_batch"](eng)
+            assert obs.batch_tokens == 0, "a prefill batch while another one runs"
+            for seq, take, cached in batch:
+                assert take > 0, "a prefill chunk of no tokens"
+                obs.batch_tokens += take
+                if seq.id not in obs.start:
+                    obs.start[seq.id] = eng.env.now
+                    obs.admitted_hit[seq.id] = cached
+                    obs.served.append(Request(seq.id, eng.env.now, seq.segments, seq.output_len))
+            return batch
+
+        def end_prefill(eng, batch):
+            orig["_end_prefill"](eng, batch)
+            obs.batch_tokens = 0
+            for seq, _, _ in batch:
+                if seq.done == seq.prompt_len and seq.id not in obs.end:
+                    obs.end[seq.id] = eng.env.now
+                    if seq.output_len > 1:
+                        obs.decode_since[seq.id] = obs.decode_starts
+            obs.audit("prefill end")
+
+        def finish(eng, seq):
+            assert seq.id in eng.active and seq.done == seq.prompt_len
+            orig["_finish"](eng, seq)
+            obs.finished[seq.id] += 1
+            obs.finish[seq.id] = eng.env.now
+            obs.decode_since.pop(seq.id, None)
+            if seq.id not in obs.end:
+                return  # output_len 1: finished inside _end_prefill, which audits when it returns
+            obs.audit("finish")
+
+        def allocate(eng, n):
+            orig["_allocate"](eng, n)
+            free = eng.capacity - tree_tokens(eng.cache) - eng.decode_alloc - eng.tails - eng.inflight
+            assert free >= n, f"allocation of {n} left {free} free"
+
+        def decode(cost, batch, ctx):
+            obs.decode_starts += 1
+            return decode_time(cost, batch, ctx)
+
+        def evict(cache, num_tokens, key, on_evict=None):
+            locked = [n for n in cache.nodes() if n.lock_ref]
+
+            def seen(node):
+                assert node.lock_ref == 0, f"evicted a locked node {node}"
+                assert not node.children and node is not cache.root, f"evicted a non-leaf {node}"
+                if on_evict is not None:
+                    on_evict(node)
+
+            freed = corig["evict"](cache, num_tokens, key, seen)
+            assert all(attached(cache, n) for n in locked), "a locked node left the tree"
+            cache.check()
+            obs.events["evict"] += 1
+            return freed
+
+        def insert(cache, *a, **kw):
+            out = corig["insert"](cache, *a, **kw)
+            assert cache.size <= cache.capacity
+            return out
+
+        def match(cache, key, now, layout=None):
+            hit, node = corig["match"](cache, key, now, layout)
+            assert hit * 4 <= len(key) and hit % cache.page_size == 0 and node.depth == hit
+            return hit, node
+
+        def peek(name):
+            def wrapped(cache, key):
+                obs.events[name] += 1
+                if obs.events[name] % peek_every:
+                    return corig[name](cache, key)
+                before = tree_snapshot(cache)
+                out = corig[name](cache, key)
+                assert tree_snapshot(cache) == before, f"{name} changed the tree"
+                cache.check()
+                return out
+            return wrapped
+
+        patches = [(E, "__init__", init), (E, "_loop", loop), (E, "_form_prefill_batch", form),
+                   (E, "_end_prefill", end_prefill), (E, "_finish", finish), (E, "_allocate", allocate),
+                   (CostModel, "decode_time", decode), (C, "evict", evict), (C, "insert", insert),
+                   (C, "match", match), (C, "match_len", peek("match_len")), (C, "match_path", peek("match_path"))]
+        try:
+            for cls, name, fn in patches:
+                setattr(cls, name, fn)
+            yield self
+        finally:
+            for name, fn in orig.items():
+                setattr(E, name, fn)
+            for name, fn in corig.items():
+                setattr(C, name, fn)
+            CostModel.decode_time = decode_time
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+def check_run(spec: RunSpec) -> Observer:
+    """Simulate ``spec`` under the observer, check the per-run invariants, run it again plainly and compare."""
+    obs = Observer()
+    with obs.installed():
+        res = simulate(spec, served_reference=True)
+    trace, eng = spec.trace, obs.engine
+    ids = sorted(r.id for r in trace.requests)
+
+    # every request completes exactly once; nothing is left running, locked or reserved
+    assert sorted(obs.finished) == ids and set(obs.finished.values()) == {1}
+    assert sorted(r.id for r in res.records) == ids
+    assert not eng.active and not eng.waiting and not eng.decoding and eng.chunked is None
+    assert eng.reserved == eng.decode_alloc == eng.tails == eng.inflight == 0 and not eng.hints.active
+    assert eng.cache.evictable_size == eng.cache.size
+
+    # timestamps are the events the observer saw; TTFT's parts add up to TTFT
+    arrival = {r.id: r.arrival for r in trace.requests}
+    for r in res.records:
+        assert r.arrival == arrival[r.id]
+        assert r.arrival <= r.sent <= r.prefill_start
+        assert r.prefill_start == obs.start[r.id], "prefill start is not the first prefill iteration's start"
+        assert r.prefill_end == obs.end[r.id], "prefill end is not the last chunk's end"
+        assert r.first_token == obs.end[r.id] + FIRST_TOKEN_S
+        assert r.finish == max(obs.finish[r.id], r.first_token)
+        assert r.w_admit >= 0 and r.t_prefill >= 0 and r.t_1tok >= 0
+        assert r.w_admit + r.t_prefill + r.t_1tok == pytest.approx(r.ttft, rel=1e-12, abs=1e-12)
+        assert (obs.start[r.id] - arrival[r.id]) + (obs.end[r.id] - obs.start[r.id]) + FIRST_TOKEN_S \
+            == pytest.approx(r.ttft, rel=1e-12, abs=1e-12)
+
+    # hits: below the prompt, whole pages, and within an unbounded cache's hit on the prompts as served
+    bound = dict(zip((q.id for q in sorted(obs.served, key=lambda q: (q.arrival, q.id))),
+                     infinite_cache_hits(sorted(obs.served, key=lambda q: (q.arrival, q.id)))))
+    for r in res.records:
+        assert r.hit_tokens == obs.admitted_hit[r.id]
+        assert 0 <= r.hit_tokens < r.prompt_tokens
+        assert r.hit_tokens % spec.engine.page_size == 0
+        assert r.hit_tokens <= bound[r.id], (r.id, r.hit_tokens, bound[r.id])
+    s = res.summary
+    assert s["hit_rate"] <= s["served_infinite_cache_hit_rate"] + 1e-12
+
+    # the same run again, in the same process and without the observer: identical results
+    again = simulate(spec, served_reference=True)
+    assert again.records == res.records
+    strip = lambda d: {k: v for k, v in d.items() if k != "wall_s"}  # noqa: E731
+    assert strip(again.summary) == strip(s)
+    return obs
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                        HealthCheck.data_too_large])
+@given(data=st.data())
+def test_engine_invariants(scheduler, data):
+    spec = data.draw(runs(scheduler))
+    obs = check_run(spec)
+    assert obs.events["iteration"] > 0
+    eng = obs.engine  # what the example exercised (--hypothesis-show-statistics)
+    event(f"eviction={spec.eviction}")
+    event("evicted" if eng.counters["evicted_nodes"] else "no eviction")
+    event("chunked" if eng.counters["prefill_iterations"] > len({s.id for s in obs.served}) else "unchunked")
+    event("realigned" if any(q.segments != r.segments for q, r in
+                             zip(sorted(obs.served, key=lambda q: q.id), spec.trace.requests)) else "not realigned")
+    event("admission full" if obs.events["full"] else "never full")
+
+
+# ---------------------------------------------------------------------------------------------- the cache alone
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_peeks_change_nothing(data):
+    """Random inserts, admissions, locks and evictions on a bare cache; every peek leaves it as it was."""
+    table = SegmentTable()
+    page = data.draw(st.sampled_from([1, 4, 16]))
+    cache = cache_mod.RadixCache(None, page, anchors=data.draw(st.booleans()))
+    pool = [table.segment(f"p{i}", REUSE, data.draw(st.integers(1, 30))) for i in range(5)]
+    locked = []
+    for step in range(data.draw(st.integers(1, 25))):
+        segs = tuple(data.draw(st.lists(st.sampled_from(pool), unique_by=lambda s: s.id, max_size=4))) + (
+            table.segment(f"q{step}", PRIV, data.draw(st.integers(1, 20))),)
+        key = Request(step, 0.0, segs, 1).tokens().tobytes()
+        cut = data.draw(st.integers(0, len(key) // 4)) * 4
+        for name in ("match_len", "match_path"):
+            before = tree_snapshot(cache)
+            getattr(cache, name)(key[:cut])
+            assert tree_snapshot(cache) == before, name
+        action = data.draw(st.sampled_from(["insert", "admit", "evict", "unlock"]))
+        if action == "insert":
+            cache.insert(key, float(step))
+        elif action == "admit":
+            _, node = cache.match(key[:cut], float(step))
+            cache.lock(node)
+            locked.append(node)
+        elif action == "evict":
+            cache.evict(data.draw(st.integers(1, 50)), lambda n: (n.last_access_time,))
+        elif locked:
+            cache.unlock(locked.pop(data.draw(st.integers(0, len(locked) - 1))))
+        cache.check()
+
