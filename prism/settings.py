@@ -97,6 +97,10 @@ def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_sour
     if engine.page_size > cap:
         raise UserError(f"a page of {engine.page_size} tokens is larger than the KV capacity ({cap} tokens, "
                         f"{field})", "engine.page_size")
+    for name in ("chunked_prefill_size", "max_prefill_tokens"):
+        if getattr(engine, name) < engine.page_size:  # no prefill could take a whole page: nothing would run
+            raise UserError(f"{getattr(engine, name)} tokens is less than one page ({engine.page_size} tokens)",
+                            f"engine.{name}")
     if engine.warmup_requests >= len(trace.requests):
         raise UserError(f"{engine.warmup_requests} warm-up requests leave none of the trace's "
                         f"{len(trace.requests)} to measure", "engine.warmup_requests")

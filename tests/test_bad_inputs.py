@@ -112,6 +112,8 @@ num-requests-1e12               | sim           | --set trace.num_requests=10000
 num-requests-zero               | sim           | --set trace.num_requests=0 | field 'num_requests'
 num-requests-float              | sim           | --set trace.num_requests=1.5 | field 'num_requests': must be an integer
 page-larger-than-kv             | sim           | --set engine.page_size=40000 | engine.page_size
+chunk-smaller-than-a-page       | sim           | --set engine.page_size=16 --set engine.chunked_prefill_size=4 | engine.chunked_prefill_size
+prefill-budget-below-a-page     | sim           | --set engine.page_size=16 --set engine.max_prefill_tokens=8 | engine.max_prefill_tokens
 warmup-whole-trace              | sim           | --set engine.warmup_requests=20 | engine.warmup_requests: 20 warm-up requests leave none
 warmup-negative                 | sim           | --set engine.warmup_requests=-1 | field 'warmup_requests'
 kv-zero                         | sim           | --set engine.max_total_tokens=0 | field 'max_total_tokens'

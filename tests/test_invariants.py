@@ -93,10 +93,10 @@ def engines(draw, trace: Trace) -> EngineConfig:
     total = sum(r.prompt_len + r.output_len for r in trace.requests)
     page = draw(st.sampled_from([1, 4, 16]))
     return EngineConfig(
-        max_total_tokens=need + draw(st.integers(0, max(1, total // 2))),
+        max_total_tokens=max(need, page) + draw(st.integers(0, max(1, total // 2))),  # at least a page (checked at load)
         page_size=page,
         chunked_prefill_size=draw(st.integers(page, 160)),
-        max_prefill_tokens=draw(st.integers(1, 200)),
+        max_prefill_tokens=draw(st.integers(page, 200)),  # below a page nothing could run (rejected at load)
         max_running_requests=draw(st.integers(1, 8)),
         max_concurrency=draw(st.none() | st.integers(1, 8)))
 
