@@ -14,6 +14,8 @@ counters. The hooks, in the order of one scheduler iteration:
 * ``ScheduleBatch.prepare_for_extend`` (before): the requests admitted this iteration, before the batch's KV
   is allocated (and anything evicted): active counts, lanes, ``on_dispatch`` (QAS publishes P̂ to DART);
 * ``Scheduler.run_batch`` (around): paces the forward pass and logs each request's prefill start and end;
+* ``Scheduler.process_batch_result`` (around): with ``get_next_batch_to_run``, SGLang's own scheduling CPU
+  time, against which prism's is measured (DESIGN §6's overhead budget);
 * ``ScheduleBatch.retract_decode`` (after): counts retractions;
 * ``Scheduler.get_internal_state`` (after): the counters appear in ``GET /server_info`` under
   ``internal_states[0].prism``, proof that the policies ran in the scheduler process.
@@ -116,7 +118,7 @@ class LiveState:
         self.events_path = Path(config["events"]) if config.get("events") else None
         self.counters_path = Path(config["counters"]) if config.get("counters") else None
         self._events = self.events_path.open("a", buffering=1 << 16) if self.events_path else None
-        self._overruns = self.events_path.with_name("overruns.jsonl").open("a") if self.events_path else None
+        self._overruns = Path(config["overruns"]).open("a") if config.get("overruns") else None
         self._starts: dict[int, float] = {}
         self._saved = 0.0
         self.plugin_parts: Counter = Counter()  # the same by hook
@@ -162,6 +164,7 @@ class LiveState:
         """The cache was emptied (``/flush_cache`` on an idle server): what was counted before (warm-up)
         belongs to no run."""
         self.counters.clear()
+        self.plan = None
         self.plugin_s = self.scheduler_s = 0.0
         self.plugin_parts.clear()
         if self.cache is not None:
@@ -185,18 +188,18 @@ class LiveState:
 
     # ---------------------------------------------------------------- events and counters
     def log_batch(self, batch, start: float, end: float) -> None:
-        if not batch.forward_mode.is_extend():
-            return
-        for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
-            seq = getattr(req, "_prism", None)
-            if seq is None:
-                continue
-            self._starts.setdefault(seq.id, start)
-            if pre + ext >= len(req.origin_input_ids) and self._events is not None and seq.id in self._starts:
-                self._events.write(json.dumps({"id": seq.id, "prefill_start": self._starts.pop(seq.id),
-                                               "prefill_end": end, "lane": seq.lane,
-                                               "realigned": seq.realigned}) + "\n")
-        if self._events is not None:
+        """A request's prefill start (its first chunk's batch) and end (the batch that completes its prompt)
+        go to the event log; the counters file is refreshed about twice a second (read if the server dies)."""
+        if self._events is not None and batch.forward_mode.is_extend():
+            for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+                seq = getattr(req, "_prism", None)
+                if seq is None:
+                    continue
+                first = self._starts.setdefault(seq.id, start)
+                if pre + ext >= len(req.origin_input_ids):
+                    del self._starts[seq.id]
+                    self._events.write(json.dumps({"id": seq.id, "prefill_start": first, "prefill_end": end,
+                                                   "lane": seq.lane, "realigned": seq.realigned}) + "\n")
             self._events.flush()
         if self.counters_path is not None and end - self._saved > 0.5:
             self.save_counters()

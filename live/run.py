@@ -74,6 +74,7 @@ def plugin_config(spec: RunSpec, opts: LiveOptions, folder: Path) -> dict[str, A
         "dilation": opts.dilation if opts.pace else 1.0,
         "events": str(folder / "events.jsonl"),
         "counters": str(folder / "counters.json"),
+        "overruns": str(folder / "overruns.jsonl"),
     }
 
 
@@ -182,8 +183,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     records: list[RequestRecord] = []
     stream = RecordStream(out / "requests.csv")
     complete = False
-    counters: dict = {}
-    t0 = 0.0
+    summary: dict[str, Any] = {}
     try:
         wait_healthy(url, opts.startup_timeout_s, server)
         _warm_up(url, served.vocab_size)
@@ -199,26 +199,26 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             if progress is not None:
                 progress(1)
 
-        t0 = replay(url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
+        replay(url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
                     max_concurrency=spec.engine.max_concurrency, alive=server.dead if server else None,
                     start=t_start)
         complete = True
     finally:
         stream.close()
-        if server is not None or opts.url:
-            counters = _counters(url) or counters
-        if not counters and (out / "counters.json").exists():
+        counters = _counters(url)  # the plugin's, from /server_info; a dead server's last saved file else
+        if counters is None and (out / "counters.json").exists():
             counters = json.loads((out / "counters.json").read_text())
         if server is not None:
             server.stop()
-        summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
-                              counters={k: v for k, v in (counters or {}).items() if isinstance(v, (int, float))},
-                              wall_s=time.perf_counter() - wall0, complete=complete)
-        summary.update({"model": served.name, "paced": opts.pace,
-                        "dilation": dilation, "breakdown_from_server": server is not None})
-        if records:
+        if records:  # a server that never served leaves its log and the one-line error, no empty summary
+            summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
+                                  counters={k: v for k, v in (counters or {}).items()
+                                            if isinstance(v, (int, float))},
+                                  wall_s=time.perf_counter() - wall0, complete=complete)
+            summary.update({"model": served.name, "paced": opts.pace,
+                            "dilation": dilation, "breakdown_from_server": server is not None})
             write_requests_csv(records, out / "requests.csv")
-        write_json(summary, out / "summary.json")
+            write_json(summary, out / "summary.json")
     return summary
 
 
