@@ -68,13 +68,17 @@ class PrismRadixCache(RadixCache):
         super().reset()
         self.resident = ResidentSegments()
         root = self.root_node
-        root.kind, root.seg_id, root.depth, root.serial = "sys", "", 0, 0
+        root.kind, root.seg_id, root.depth, root.serial, root.place = "sys", "", 0, 0, 0
         if self._on_reset is not None:  # /flush_cache: a new run starts
             self._on_reset()
 
-    def _tag(self, node, kind: str, seg: str, depth: int) -> None:
+    def _tag(self, node, kind: str, seg: str, depth: int, place: int | None = None) -> None:
+        """Give a node its owner segment, its end depth, a creation serial (eviction ties, as in the
+        simulator) and a place: a position in the tree, new unless given (a split's upper part takes the
+        place of the node it splits, so siblings sorted by place are in SGLang's child order)."""
         self._serial += 1
         node.serial = self._serial
+        node.place = self._serial if place is None else place
         node.kind, node.seg_id, node.depth = kind, seg, depth
         self.resident.add(kind, seg)
 
@@ -94,7 +98,9 @@ class PrismRadixCache(RadixCache):
             return upper
         depth = child.depth - len(child.key)  # child.key is already the lower part
         kind, seg = self._owner(depth) if self._layout else (child.kind, child.seg_id)
-        self._tag(upper, kind, seg, depth)
+        place = child.place
+        self._tag(upper, kind, seg, depth, place)
+        child.place = self._serial  # the lower part moves to a new place (as in the simulator's tree)
         return upper
 
     def _owner(self, end: int) -> tuple[str, str]:
@@ -169,6 +175,8 @@ class PrismRadixCache(RadixCache):
         return self._peek(key)[0]
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
+        """(place, end depth) of the nodes the cached part of ``key`` runs through (the PrefixIndex
+        protocol: siblings sorted by place are in SGLang's child order)."""
         return self._peek(key)[1]
 
     def _peek(self, key: bytes) -> tuple[int, list[tuple[int, int]]]:
@@ -179,7 +187,7 @@ class PrismRadixCache(RadixCache):
             child = node.children.get(int(ids[pos]) if page == 1 else tuple(ids[pos:pos + page].tolist()))
             if child is None:
                 break
-            path.append((child.serial, child.depth))
+            path.append((child.place, child.depth))
             edge = np.frombuffer(child.key.token_ids, dtype=np.int64)[:len(child.key)]
             m = min(len(edge), n - pos)
             diff = np.flatnonzero(edge[:m] != ids[pos:pos + m])

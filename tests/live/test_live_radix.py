@@ -158,6 +158,13 @@ def play(seed: int, page_size: int, make_policy, check_order: bool, clock, nativ
             assert dict(sim.resident) == dict(live.resident), step
     if check_order:
         assert sim_evicted == live_evicted
+    if not native:  # the PrefixIndex protocol: siblings sorted by place are in SGLang's child order
+        stack = [live.root_node]
+        while stack:
+            node = stack.pop()
+            kids = list(node.children.values())
+            assert kids == sorted(kids, key=lambda n: n.place)
+            stack.extend(kids)
 
 
 @pytest.mark.parametrize("policy, same_order", [(LRU, False), (DART, True)], ids=["lru", "dart"])
