@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Sequence
 
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
@@ -10,5 +9,6 @@ from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 
 class FCFS(Scheduler):
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
-        # stable: equal arrival times keep queue (submission) order
-        return Plan(sorted(waiting, key=attrgetter("arrival")))
+        # the queue is in arrival order already, as in SGLang, whose FCFS does not sort: a retracted request
+        # rejoins at the back
+        return Plan(list(waiting))

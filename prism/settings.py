@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
-from prism.config import apply_overrides, build, load_yaml, nonneg, positive
+from prism.config import apply_overrides, build, choice, fraction, load_yaml, nonneg, positive
 from prism.errors import UserError
 from prism.policies.registry import Deployment, deployment_of, knob_sections, policy_configs, resolve_method
 from prism.traces.spec import load_trace
@@ -44,6 +44,18 @@ class EngineConfig:
     max_running_requests: int = positive(256, "requests decoding at once")
     max_concurrency: int | None = positive(None, "client: requests in flight at once (null: unlimited)")
     warmup_requests: int = nonneg(0, "requests excluded from the summary's statistics (at the start)")
+    # KV admission, as SGLang 0.5.23 (schedule_policy.py PrefillAdder, new_token_ratio_tracker.py, environ.py)
+    admission: str = choice("sglang", ("sglang", "full"),
+                            "sglang: reserve running requests' remaining decode x new_token_ratio and retract when a "
+                            "decode step finds no KV; full: reserve every request's whole decode (never retracts)")
+    init_new_token_ratio: float = fraction(0.7, "SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness")
+    min_new_token_ratio_factor: float = fraction(0.14, "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: floor = init x factor")
+    new_token_ratio_decay_steps: int = positive(600, "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS: decode steps from init "
+                                                     "to the floor")
+    retract_decode_steps: int = positive(20, "SGLANG_RETRACT_DECODE_STEPS: decode steps of headroom a retraction "
+                                             "frees for each request kept")
+    clip_max_new_tokens: int = positive(4096, "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: cap on a request's "
+                                              "reserved decode")
 
 
 @dataclass(frozen=True)
@@ -110,9 +122,16 @@ def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_sour
         raise UserError(f"segment {longest.id!r} has {longest.length} tokens, more than the whole KV pool "
                         f"({cap} tokens, {field}): the trace cannot be served", source)
     biggest = max(trace.requests, key=lambda r: r.prompt_len + r.output_len)
-    if biggest.prompt_len + biggest.output_len - 1 > cap:
+    # full admission holds a request's KV; SGLang's check also wants its whole decode (clipped) and one page
+    # spare, strictly below the pool (schedule_policy.py), or the request never leaves the queue
+    need, spare = biggest.prompt_len + biggest.output_len - 1, 0
+    admit = biggest.prompt_len + min(biggest.output_len, engine.clip_max_new_tokens) + engine.page_size
+    if engine.admission == "sglang" and admit + 1 > cap and admit >= need:
+        need, spare = admit, 1
+    if need + spare > cap:
         raise UserError(f"request {biggest.id} ({biggest.prompt_len} prompt + {biggest.output_len} output tokens) "
-                        f"needs more KV than the capacity of {cap} tokens ({source})", field)
+                        f"needs more KV than the capacity of {cap} tokens ({source}"
+                        f"{'; SGLang admits it only below the pool, with one page spare' if spare else ''})", field)
     return cap
 
 

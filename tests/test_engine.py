@@ -94,7 +94,7 @@ def test_a_prompts_partial_page_is_in_use_until_it_finishes(profile, audited):
     whole page more than its decode had allocated) and the tree grew to 48 tokens in a 40-token cache."""
     trace = make_trace([(0.0, [(PRIV, "q0", 30)], 3), (0.004, [(PRIV, "q1", 22)], 1)])  # 1 comes while 0 decodes
     res = simulate(RunSpec.build(trace, "fcfs", "lru", profile=profile,
-                                 engine=EngineConfig(max_total_tokens=40, page_size=16)))
+                                 engine=EngineConfig(max_total_tokens=40, page_size=16, admission="full")))
     first, second = sorted(res.records, key=lambda r: r.id)
     assert second.prefill_start >= first.finish  # request 1 waits until request 0's partial page is freed
     assert audited["checks"] >= 3

@@ -106,8 +106,8 @@ def test_belady_is_a_ceiling_for_online_policies(reqs, slots):
     trace = make_trace(specs)
     cfg = EngineConfig(max_total_tokens=slots * seg, max_running_requests=1)
     profile = load_profile()
-    need = max(r.prompt_len for r in trace.requests)
-    if need > slots * seg:
+    need = max(r.prompt_len for r in trace.requests) + 2  # SGLang admits below the pool: + 1 output + 1 page
+    if need >= slots * seg:
         return
     rates = {e: simulate(RunSpec.build(trace, "fcfs", e, engine=cfg, profile=profile)).summary["hit_rate"]
              for e in ("belady", "lru", "lfu", "lru_active", "dart")}

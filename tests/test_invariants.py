@@ -13,6 +13,10 @@ run (the production code is not touched) and checks, at every event:
 * the lock references are exactly those of the admitted, unfinished requests' paths, and an eviction pass
   removes only unlocked leaves and leaves every locked node in the tree;
 * a peek (``match_len``, ``match_path``) changes nothing in the tree;
+* under SGLang's admission (drawn with small, fast-decaying new-token ratios so that decode runs out of KV):
+  a decode step retracts exactly when its tokens do not fit after evicting every unlocked leaf, retracts in
+  SGLang's order (fewest generated tokens, then longest prompt) and keeps at least one request, after which
+  the step fits; a retracted request is prefilled again (prompt and generated tokens) and finishes once;
 
 and, per run: every request finishes exactly once, with timestamps equal to the events the observer saw, so
 that W_admit + T_prefill + T_1tok is TTFT event by event; hit tokens stay below the prompt and never exceed the
@@ -74,7 +78,8 @@ def small_traces(draw) -> Trace:
         if not segs or draw(st.integers(0, 7)):
             segs.append(table.segment(f"q{i}", PRIV, draw(st.integers(1, 40))))
         fixed = draw(st.integers(0, 9)) == 0
-        reqs.append(Request(i, t, tuple(segs), draw(st.integers(1, 12)), fixed_order=fixed))
+        output = draw(st.integers(1, 12) | st.integers(13, 80))  # long decodes outrun SGLang's estimate
+        reqs.append(Request(i, t, tuple(segs), output, fixed_order=fixed))
     return Trace(reqs, table, "custom", {"qps": None, "seed": 0})
 
 
@@ -89,11 +94,19 @@ def zipf_traces():
 
 @st.composite
 def engines(draw, trace: Trace) -> EngineConfig:
-    need = max(r.prompt_len + r.output_len - 1 for r in trace.requests)
     total = sum(r.prompt_len + r.output_len for r in trace.requests)
     page = draw(st.sampled_from([1, 4, 16]))
+    admission = draw(st.sampled_from(["sglang", "full"]))
+    # the largest request must fit (checked at load): its KV, and under SGLang's check its decode and a page spare
+    need = max(r.prompt_len + r.output_len - 1 + (page + 2 if admission == "sglang" else 0) for r in trace.requests)
     return EngineConfig(
-        max_total_tokens=max(need, page) + draw(st.integers(0, max(1, total // 2))),  # at least a page (checked at load)
+        max_total_tokens=max(need, page) + draw(st.integers(0, max(1, total // 2))  # at least a page (checked at load)
+                                                | st.integers(0, max(1, total // 10))),
+        admission=admission,  # sglang: small ratios and fast decay make retraction frequent
+        init_new_token_ratio=draw(st.sampled_from([0.05, 0.3, 0.7])),
+        min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
+        new_token_ratio_decay_steps=draw(st.sampled_from([1, 10, 600])),
+        retract_decode_steps=draw(st.sampled_from([1, 20])),
         page_size=page,
         chunked_prefill_size=draw(st.integers(page, 160)),
         max_prefill_tokens=draw(st.integers(page, 200)),  # below a page nothing could run (rejected at load)
@@ -171,6 +184,8 @@ class Observer:
         self.batch_tokens = 0  # the prefill batch being computed (observer's count)
         self.decode_starts = 0  # decode iterations started so far
         self.decode_since: dict[int, int] = {}  # decoding request id -> decode_starts when its prefill ended
+        self.retracted: list[int] = []  # request ids, in order of retraction
+        self.in_prefill_end = False
         self.events = Counter()
 
     # ------------------------------------------------------------------ checks
@@ -203,7 +218,7 @@ class Observer:
     def installed(self, peek_every: int = 1):
         E, C = engine_mod.Engine, cache_mod.RadixCache
         orig = {name: getattr(E, name) for name in ("__init__", "_loop", "_form_prefill_batch", "_end_prefill",
-                                                     "_finish", "_allocate")}
+                                                     "_finish", "_allocate", "_check_decode_memory", "_retract")}
         corig = {name: getattr(C, name) for name in ("evict", "insert", "match", "match_len", "match_path")}
         decode_time = CostModel.decode_time
         obs = self
@@ -235,23 +250,47 @@ class Observer:
             return batch
 
         def end_prefill(eng, batch):
+            obs.in_prefill_end = True
             orig["_end_prefill"](eng, batch)
+            obs.in_prefill_end = False
             obs.batch_tokens = 0
             for seq, _, _ in batch:
-                if seq.done == seq.prompt_len and seq.id not in obs.end:
-                    obs.end[seq.id] = eng.env.now
-                    if seq.output_len > 1:
+                if seq.done == seq.fill_len:
+                    obs.end.setdefault(seq.id, eng.env.now)  # the first prefill's end (TTFT)
+                    if seq.id in eng.active:  # decoding from here (from its generated tokens if resumed)
                         obs.decode_since[seq.id] = obs.decode_starts
             obs.audit("prefill end")
 
+        def check_decode_memory(eng):
+            running = {s.id: (s.generated(eng.step), s.prompt_len) for s in eng.active.values()}
+            fits = len(eng.decoding) <= eng._free() + eng.cache.evictable_size
+            before = obs.events["retract"]
+            orig["_check_decode_memory"](eng)
+            gone = obs.retracted[before:]
+            assert fits == (not gone), "retracted although the step fitted, or not although it did not"
+            if gone:  # SGLang's order: the fewest generated tokens first, then the longest prompt; one kept
+                kept = [key for i, key in running.items() if i not in gone]
+                assert kept, "every running request was retracted"
+                worst_kept = min((g, -p) for g, p in kept)
+                assert all((running[i][0], -running[i][1]) <= worst_kept for i in gone)
+                assert len(eng.decoding) <= eng._free() + eng.cache.evictable_size or len(kept) == 1
+            obs.audit("retraction" if gone else "decode check")
+
+        def retract(eng, seq):
+            assert seq.id in eng.active and seq.done == seq.fill_len and seq.id in obs.decode_since
+            orig["_retract"](eng, seq)
+            obs.events["retract"] += 1
+            obs.retracted.append(seq.id)
+            del obs.decode_since[seq.id]
+
         def finish(eng, seq):
-            assert seq.id in eng.active and seq.done == seq.prompt_len
+            assert seq.id in eng.active and seq.done == seq.fill_len
             orig["_finish"](eng, seq)
             obs.finished[seq.id] += 1
             obs.finish[seq.id] = eng.env.now
             obs.decode_since.pop(seq.id, None)
-            if seq.id not in obs.end:
-                return  # output_len 1: finished inside _end_prefill, which audits when it returns
+            if obs.in_prefill_end:
+                return  # its prefill made its last token: _end_prefill audits when it returns
             obs.audit("finish")
 
         def allocate(eng, n):
@@ -302,6 +341,7 @@ class Observer:
 
         patches = [(E, "__init__", init), (E, "_loop", loop), (E, "_form_prefill_batch", form),
                    (E, "_end_prefill", end_prefill), (E, "_finish", finish), (E, "_allocate", allocate),
+                   (E, "_check_decode_memory", check_decode_memory), (E, "_retract", retract),
                    (CostModel, "decode_time", decode), (C, "evict", evict), (C, "insert", insert),
                    (C, "match", match), (C, "match_len", peek("match_len")), (C, "match_path", peek("match_path"))]
         try:
@@ -380,6 +420,7 @@ def test_engine_invariants(scheduler, data):
     event("realigned" if any(q.segments != r.segments for q, r in
                              zip(sorted(obs.served, key=lambda q: q.id), spec.trace.requests)) else "not realigned")
     event("admission full" if obs.events["full"] else "never full")
+    event("retracted" if obs.events["retract"] else "no retraction")
 
 
 # ---------------------------------------------------------------------------------------------- the cache alone
