@@ -28,7 +28,7 @@ from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import apply_overrides, build, choice, fraction, load_yaml, nonneg, positive
 from prism.errors import UserError
 from prism.policies.registry import Deployment, deployment_of, knob_sections, policy_configs, resolve_method
-from prism.traces.spec import load_trace
+from prism.traces.spec import load_trace, spec_engine
 from prism.traces.trace import Trace
 
 
@@ -37,7 +37,7 @@ class EngineConfig:
     """Engine limits, named after SGLang's server arguments."""
 
     max_total_tokens: int | None = positive(
-        32768, "KV cache capacity in tokens (null: the profile's GPU memory after weights)")
+        None, "KV cache capacity in tokens (null: the profile's GPU memory after weights, as SGLang sizes it)")
     page_size: int = positive(1, "tokens per KV page")
     chunked_prefill_size: int = positive(8192, "new tokens per prefill iteration (chunked prefill budget)")
     max_prefill_tokens: int = positive(16384, "new tokens a prefill batch may admit")
@@ -152,13 +152,23 @@ class Settings:
     engine: EngineConfig = field(default_factory=EngineConfig)
     policy_configs: dict[str, Any] = field(default_factory=dict)  # section -> validated knobs of the chosen policies
     trace_overrides: dict[str, Any] = field(default_factory=dict)
+    engine_settings: dict[str, Any] = field(default_factory=dict)  # the engine fields the settings give
 
     def resolve(self, trace_source: str) -> RunSpec:
         """Load the profile and the trace (with the overrides) and settle the rate and seed: the run."""
         profile = load_profile(self.profile)
         trace = load_trace(trace_source, self.trace_overrides)
-        return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs, self.engine, profile,
-                         trace, trace_source, self.trace_overrides.get("qps"))
+        return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
+                         self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"))
+
+    def engine_for(self, trace_source: str) -> EngineConfig:
+        """The engine settings of a run on ``trace_source``: the trace spec's ``engine:`` section (what its
+        workload needs), overridden by these settings' own."""
+        needs = spec_engine(trace_source)
+        if not needs:
+            return self.engine
+        build(EngineConfig, needs, f"{trace_source}: engine")  # its own errors name the spec file
+        return build(EngineConfig, {**needs, **self.engine_settings}, "engine")
 
 
 def read_config(path: str | None) -> dict[str, Any]:
@@ -190,7 +200,8 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     knobs = {k: data[k] for k in knob_sections() if k in data}
     configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
     check_knobs_used(data, [label], where)
-    return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace)
+    return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace,
+                    dict(data.get("engine") or {}))
 
 
 def knobs_of(method: str) -> set[str]:

@@ -111,7 +111,7 @@ seed-negative                   | sim           | --seed -1 | field 'seed': must
 num-requests-1e12               | sim           | --set trace.num_requests=1000000000000 | field 'num_requests': must be <= 1000000
 num-requests-zero               | sim           | --set trace.num_requests=0 | field 'num_requests'
 num-requests-float              | sim           | --set trace.num_requests=1.5 | field 'num_requests': must be an integer
-page-larger-than-kv             | sim           | --set engine.page_size=40000 | engine.page_size
+page-larger-than-kv             | sim           | --set engine.page_size=40000 --set engine.max_total_tokens=32768 | engine.page_size
 chunk-smaller-than-a-page       | sim           | --set engine.page_size=16 --set engine.chunked_prefill_size=4 | engine.chunked_prefill_size
 prefill-budget-below-a-page     | sim           | --set engine.page_size=16 --set engine.max_prefill_tokens=8 | engine.max_prefill_tokens
 warmup-whole-trace              | sim           | --set engine.warmup_requests=20 | engine.warmup_requests: 20 warm-up requests leave none
@@ -121,7 +121,7 @@ kv-inf                          | sim           | --set engine.max_total_tokens=
 chunk-negative                  | sim           | --set engine.chunked_prefill_size=-5 | field 'chunked_prefill_size'
 running-bool                    | sim           | --set engine.max_running_requests=true | field 'max_running_requests'
 arrival-cv-nan                  | sim           | --set trace.arrival_cv=.nan | field 'arrival_cv'
-output-len-over-kv              | sim           | --set trace.output_len=1000000 | engine.max_total_tokens
+output-len-over-kv              | sim           | --set trace.output_len=1000000 | profile a800-80g
 qas-weight-inf                  | sim           | --method prism --set qas.w_a=.inf | qas: field 'w_a'
 dart-f-negative                 | sim           | --method prism --set dart.f=-1 | dart: field 'f'
 klpm-k-zero                     | sim           | --method klpm --set klpm.k=0 | klpm: field 'k'
@@ -273,7 +273,8 @@ CASES = [
     ("jsonl-segment-longer-than-kv-pool", "sim",
      {"t.jsonl": jl(HEAD, {"seg": "big", "kind": "reuse", "first": 9}, {"id": 0, "t": 0, "segs": [["big", 40000]],
                                                                         "out": 1})},
-     ["--trace", "{d}/t.jsonl"], "segment 'big' has 40000 tokens, more than the whole KV pool"),
+     ["--trace", "{d}/t.jsonl", "--set", "engine.max_total_tokens=32768"],
+     "segment 'big' has 40000 tokens, more than the whole KV pool"),
     # --- data folders a spec names ---
     ("multihop-passages-garbage", "sim", {"s.yaml": MH_SPEC, "mh/evidence_passages.jsonl": GARBAGE,
                                           "mh/queries.json": "[]"}, ["--trace", "{d}/s.yaml"],

@@ -22,7 +22,7 @@ GENERATORS: dict[str, tuple[type, Callable[[Any], Trace]]] = {
     "mooncake": (mooncake.MooncakeSpec, mooncake.generate),
 }
 
-BUILTIN = {"zipf": "zipf.yaml", "multihop": "multihop.yaml", "agent": "agent.yaml", "mooncake": "mooncake.yaml"}
+BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml", "agent": "agent.yaml", "mooncake": "mooncake.yaml"}
 
 
 def resolve(source: str) -> Path:
@@ -44,6 +44,7 @@ def resolve(source: str) -> Path:
 def parse_spec(data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise UserError("a trace spec must be a mapping with a 'kind'", where)
+    data = {k: v for k, v in data.items() if k != "engine"}  # the engine settings it needs: see spec_engine
     kind = data.get("kind")
     if kind not in GENERATORS:
         raise UserError(f"field 'kind': unknown trace kind {kind!r} (known: {', '.join(GENERATORS)})", where)
@@ -108,6 +109,19 @@ def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:
         load_trace(source, overrides)
     else:
         load_spec(p, dict(overrides or {}))
+
+
+def spec_engine(source: str) -> dict[str, Any]:
+    """The ``engine:`` section of a spec file: the engine settings its workload needs (a published setup's KV
+    pool, say), which a run's own ``engine`` settings override. Empty for a materialized trace."""
+    p = resolve(source)
+    if is_materialized(p):
+        return {}
+    data = load_yaml(p)
+    section = data.get("engine") if isinstance(data, dict) else None
+    if section is not None and not isinstance(section, dict):
+        raise UserError("field 'engine': must be a mapping of engine settings", str(p))
+    return dict(section or {})
 
 
 def spec_seed(source: str) -> int:

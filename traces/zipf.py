@@ -2,10 +2,24 @@
 
 Each request is ``sys`` (system prompt and template) + k retrieved passages of ``chunk_tokens`` tokens +
 a private question. A request is *hot* (probability ``r_hot``) when at least one of its passages is in the
-hot set: it takes ``n ~ Uniform{1..k}`` hot passages, drawn without replacement with Zipf(``zipf_s``)
-weights over the hot set's ranks, and fills the other slots with non-hot passages. A cold request takes no
-hot passage. The retriever's order is a random permutation of the k passages, so two requests that share
-passages rarely share a *prefix* until a scheduler aligns them (that is QAS's front alignment).
+hot set: it takes n hot passages (``hot_count``: ``uniform`` over 1..k, or the probabilities of 1, 2, ..., k),
+drawn without replacement with Zipf(``zipf_s``) weights over the hot set's ranks, and fills the other slots
+with non-hot passages. A cold request takes no hot passage.
+
+The paper leaves two things open, and its published hit rates (49.1% for PRISM, 43.2% for the strongest
+baseline, which never reorders passages) pin them down only loosely; ``hot_placement`` says where the hot
+passages sit among the k:
+
+* ``random``: the retriever's order is a random permutation of all k passages, so two requests that share
+  passages rarely share a *prefix* until a scheduler aligns them (QAS's front alignment). With uniform
+  counts the trace-order hit ceiling is about 0.27, below the baseline's published rate: this reading
+  cannot be the paper's (``traces/zipf-shuffled.yaml`` keeps it as a sensitivity case).
+* ``draw``: hot passages first, in the order the Zipf draw picked them (a retriever that ranks popular
+  passages high), the non-hot ones after them in random order;
+* ``rank``: hot passages first by hot-set rank (most popular first), the non-hot ones after.
+
+``traces/zipf.yaml`` uses ``draw`` with 3/4/5 hot passages at probabilities 0.4/0.4/0.2: its trace-order
+ceiling is about 0.41, the reading closest to the published rates.
 
 Non-hot passages come from the synthetic corpus (uniform) or, with ``corpus: multihop_rag``, from the
 evidence set of a real MultiHop-RAG query (topped up to k at random), so co-citation is real.
@@ -16,7 +30,8 @@ Content and arrivals use separate random streams: changing ``qps`` never changes
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +56,10 @@ class ZipfHotspotSpec(GeneratedTraceSpec):
     r_hot: float = fraction(0.7, "probability that a request is hot")
     zipf_s: float = positive(1.2, "Zipf exponent over the hot set's ranks")
     hot_choice: str = choice("random", ("random", "most_cited"), "hot set: random, or most-cited (multihop)")
+    hot_placement: str = choice("random", ("random", "draw", "rank"),
+                                "where hot passages sit among the k: random order, first in draw order, first by rank")
+    hot_count: str | list[float] = field(default="uniform", metadata={
+        "doc": "hot passages per hot request: 'uniform' over 1..k, or the probabilities of 1, 2, ..., k"})
     sys_tokens: int = positive(96, "system prompt + template tokens")
     suffix_min: int = positive(16, "private question, minimum tokens")
     suffix_max: int = positive(48, "private question, maximum tokens")
@@ -54,6 +73,17 @@ class ZipfHotspotSpec(GeneratedTraceSpec):
             if self.k > self.num_passages - self.hot_set:
                 raise ValueError(f"field 'k': {self.k} is larger than the {self.num_passages - self.hot_set} "
                                  "non-hot passages of the corpus")
+        if isinstance(self.hot_count, str):
+            if self.hot_count != "uniform":
+                raise ValueError(f"field 'hot_count': must be 'uniform' or a list of {self.k} probabilities, "
+                                 f"got {self.hot_count!r}")
+        else:
+            probs = self.hot_count
+            if len(probs) != self.k:
+                raise ValueError(f"field 'hot_count': {len(probs)} probabilities, expected k = {self.k} "
+                                 "(of 1, 2, ..., k hot passages)")
+            if not all(math.isfinite(p) and p >= 0 for p in probs) or abs(sum(probs) - 1) > 1e-9:
+                raise ValueError(f"field 'hot_count': probabilities must be >= 0 and sum to 1, got {list(probs)}")
 
 
 def _zipf_draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> list[int]:
@@ -128,6 +158,7 @@ def generate(spec: ZipfHotspotSpec) -> Trace:
     zipf_w = ranks ** -spec.zipf_s
     zipf_w /= zipf_w.sum()
 
+    count_p = None if isinstance(spec.hot_count, str) else np.asarray(spec.hot_count, dtype=float)
     table = SegmentTable()
     sys_seg = table.segment("sys", SYS, spec.sys_tokens)
     requests = []
@@ -136,8 +167,9 @@ def generate(spec: ZipfHotspotSpec) -> Trace:
         is_hot = rng.random() < spec.r_hot
         chosen: list[str] = []
         if is_hot:
-            n_hot = min(int(rng.integers(1, spec.k + 1)), len(hot))
-            chosen = [hot[i] for i in _zipf_draw(rng, zipf_w, n_hot)]
+            n_hot = int(rng.integers(1, spec.k + 1)) if count_p is None else int(rng.choice(spec.k, p=count_p)) + 1
+            drawn = _zipf_draw(rng, zipf_w, min(n_hot, len(hot)))
+            chosen = [hot[i] for i in (sorted(drawn) if spec.hot_placement == "rank" else drawn)]
         need = spec.k - len(chosen)
         if need:
             picked: list[str] = []
@@ -149,7 +181,10 @@ def generate(spec: ZipfHotspotSpec) -> Trace:
                 if p not in picked:
                     picked.append(p)
             chosen += picked
-        order = rng.permutation(len(chosen))
+        order = rng.permutation(len(chosen))  # the retriever's order (drawn whatever the placement)
+        if spec.hot_placement != "random":  # the hot passages lead, the rest follow in the retriever's order
+            n_lead = spec.k - need
+            order = [*range(n_lead), *(i for i in order if i >= n_lead)]
         reuse = [table.segment(chosen[i], REUSE, spec.chunk_tokens) for i in order]
         suffix = table.segment(f"q{rid}", PRIV, int(rng.integers(spec.suffix_min, spec.suffix_max + 1)))
         requests.append(Request(rid, 0.0, (sys_seg, *reuse, suffix), spec.output_len))

@@ -19,8 +19,9 @@ examples:
   prism-sim --trace my_trace.jsonl --config engine.yaml --set trace.num_requests=200
 
 Settings come from --config (YAML sections: method, scheduler, eviction, profile, engine, trace and one
-section per policy with knobs), then --set KEY=VALUE, then the flags. The default engine keeps
-max_total_tokens=32768 KV tokens, so that eviction matters on the default trace.
+section per policy with knobs), then --set KEY=VALUE, then the flags, over the engine settings the trace
+spec's own engine: section gives. The KV pool is GPU-sized by default (engine.max_total_tokens: null, as
+SGLang sizes it from the profile's memory); a smaller pool is a sensitivity knob.
 
 A run folder holds one run: a run removes an earlier summary.json before it streams requests.csv, so a
 requests.csv without summary.json is a run that was killed; Ctrl-C writes a partial summary.json

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     check_knobs_used(base, methods, where)
     for m in methods:  # validate every combination before starting workers
         cfg = task_config(base, m, qps[0], None if materialized else 0)
-        settings_from(cfg, where)
+        settings_from(cfg, where).engine_for(args.trace)
     check_source(args.trace, cfg["trace"])
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
