@@ -23,9 +23,18 @@ busy from the first arrival on, starts it at about i/μ, so its wait is i·(1/μ
 λ − μ, the waits are spread evenly over [0, N·(1/μ − 1/λ)], their mean is ``N·(1/μ − 1/λ)/2`` and their
 q-quantile ``q·N·(1/μ − 1/λ)`` (the tail is the last arrivals'). It ignores the randomness of arrivals and
 service, which adds a spread of order √N/λ to the waits (the relative error of the mean is about
-2/(√(3N)·(ρ − 1)) for Poisson arrivals), so it is good well past the knee and poor just above it, where the
-randomness dominates; just below it the P-K wait of an infinite steady state overstates what a finite replay
-can build up.
+2/(√(3N)·(ρ − 1)) for Poisson arrivals), so it is good well past the knee and poor near it, where the
+randomness dominates (at ρ = 1 it predicts no wait at all).
+
+The engine model therefore uses the **diffusion** (Brownian) refinement of the fluid for a replay: the work in
+the system, started empty, moves like a Brownian motion with drift ρ − 1 and variance λ·E[S²] per second,
+reflected at zero; the wait of the request arriving at t is its running maximum over [0, t], whose mean and
+distribution have closed forms (:func:`brownian_max_mean`, :func:`brownian_max_sf`); the replay's waits are
+the mixture over the arrival times i/λ of its N requests. Well past the knee it is the fluid plus
+λ·E[S²]/(2(ρ − 1)); at the knee it gives (2/3)·σ·√(2T/π) for a replay of T seconds; below the knee and over a
+long replay it tends to the P-K mean λ·E[S²]/(2(1 − ρ)). A replay started empty waits no more than the steady
+state (its work is stochastically smaller at every time), so :meth:`EngineQueue.wait` takes the smaller of the
+P-K figure and the replay's: P-K at low load, the replay's near and past the knee.
 
 Only plain numbers come in: the step-cost coefficients (``a_p, b_p, d_p, c_p, a_d, w_d, c_d, b_d``, e.g. a
 :class:`~prism.calibration.cost_model.CostModel`) and arrays of prompt lengths.
@@ -38,6 +47,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
+from scipy.special import log_ndtr, ndtr
 
 
 class StepCosts(Protocol):
@@ -109,14 +119,55 @@ def fluid_wait_quantile(lam: float, mu: float, n: int, q: float) -> float:
     return max(0.0, q * n * (1.0 / mu - 1.0 / lam))
 
 
+def brownian_max_mean(drift: float, sigma: float, t: np.ndarray) -> np.ndarray:
+    """E[max over [0, t] of drift·s + σ·B(s)]: σ²/(2m)·(2Φ(z) − 1) + m·t·Φ(z) + σ√t·φ(z), z = m√t/σ."""
+    t = np.asarray(t, dtype=float)
+    root = np.sqrt(t)
+    z = drift * root / sigma
+    density = np.exp(-z * z / 2.0) / math.sqrt(2.0 * math.pi)
+    # σ²(2Φ(z) − 1)/(2m) = σ√t·(2Φ(z) − 1)/(2z), which tends to σ√t·φ(0) as z → 0
+    small = np.abs(z) < 1e-8
+    ratio = np.where(small, 1.0 / math.sqrt(2.0 * math.pi), (2.0 * ndtr(z) - 1.0) / (2.0 * np.where(small, 1.0, z)))
+    return sigma * root * ratio + drift * t * ndtr(z) + sigma * root * density
+
+
+def brownian_max_sf(x: float, drift: float, sigma: float, t: np.ndarray) -> np.ndarray:
+    """P(max over [0, t] of drift·s + σ·B(s) > x) for x > 0, t > 0:
+    1 − Φ((x − m·t)/(σ√t)) + exp(2·m·x/σ²)·Φ((−x − m·t)/(σ√t))."""
+    root = np.sqrt(np.asarray(t, dtype=float))
+    upper = 1.0 - ndtr((x - drift * t) / (sigma * root))
+    reflected = np.exp(2.0 * drift * x / sigma**2 + log_ndtr((-x - drift * t) / (sigma * root)))
+    return np.clip(upper + reflected, 0.0, 1.0)
+
+
+def replay_wait(lam: float, es: float, es2: float, n: int, q: float | None = None) -> float:
+    """Mean (q=None) or q-quantile of the waits of n requests arriving at λ (at i/λ) to an empty server whose
+    service times have moments E[S], E[S²]: the diffusion approximation (module docstring)."""
+    drift, sigma = lam * es - 1.0, math.sqrt(lam * es2)
+    t = np.arange(1, n) / lam  # the first request (t = 0) finds the server empty
+    if q is None:
+        return float(brownian_max_mean(drift, sigma, t).sum() / n)
+    if q <= 1.0 / n:
+        return 0.0
+    tail = lambda x: float(brownian_max_sf(x, drift, sigma, t).sum() / n)  # noqa: E731
+    hi = sigma * math.sqrt(t[-1]) + max(drift, 0.0) * t[-1] + es
+    while tail(hi) > 1.0 - q:
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(60):  # bisection to 1e-18 of hi
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if tail(mid) > 1.0 - q else (lo, mid)
+    return hi
+
+
 # ---------------------------------------------------------------- an engine as a queue
 @dataclass
 class EngineQueue:
     """The engine as one server whose customers are requests, each costing its share of a wave.
 
     ``wave``: M̄, requests that run together (at saturation: the running-request limit or what the KV cache
-    holds); ``chunk``: new tokens per prefill iteration; ``requests``: N, the size of the replay, for the fluid
-    transient past the knee (None: the steady-state M/G/1 only, infinite past the knee).
+    holds); ``chunk``: new tokens per prefill iteration; ``requests``: N, the size of the replay, for the
+    transient near and past the knee (None: the steady-state M/G/1 only, infinite past the knee).
     """
 
     costs: StepCosts
@@ -177,17 +228,18 @@ class EngineQueue:
         return c.a_p + c.b_p * new + c.d_p + c.c_p * new * (h * length + new / 2.0)
 
     def transient(self, lam: float) -> bool:
-        """Whether λ is past the knee and the replay is finite: the wait is the fluid transient's."""
+        """Whether λ is past the knee and the replay is finite: no steady state, the wait is the transient's."""
         return self.requests is not None and self.utilisation(lam) >= 1.0
 
     def wait(self, lam: float, q: float | None = None) -> float:
-        """Mean admission wait (q=None) or its q-quantile: M/G/1 below the knee, the fluid transient of the
-        finite replay past it (infinite past it when the replay's size is unknown)."""
-        if self.transient(lam):
-            mu = self.service_rate()
-            return fluid_wait(lam, mu, self.requests) if q is None else fluid_wait_quantile(lam, mu, self.requests, q)
+        """Mean admission wait (q=None) or its q-quantile: the M/G/1 steady state, or for a replay of known size
+        the smaller of that and the replay's diffusion transient (module docstring); infinite past the knee
+        when the replay's size is unknown."""
         es, es2 = self.moments()
-        return mg1_wait(lam, es, es2) if q is None else mg1_wait_quantile(lam, es, es2, q)
+        steady = mg1_wait(lam, es, es2) if q is None else mg1_wait_quantile(lam, es, es2, q)
+        if self.requests is None:
+            return steady
+        return min(steady, replay_wait(lam, es, es2, self.requests, q))
 
     def ttft(self, lam: float, q: float | None = None) -> float:
         """Mean TTFT (q=None) or its q-quantile: wait + own prefill + first-token latency."""

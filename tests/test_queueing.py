@@ -7,14 +7,16 @@ import math
 
 import numpy as np
 import pytest
+from scipy import integrate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PRIV, make_trace
 from prism.calibration.cost_model import CostModel, load_profile
 from prism.cli.theory import main as theory_main
-from prism.models_queueing.model import (EngineQueue, fluid_wait, fluid_wait_quantile, mg1_wait, mg1_wait_quantile,
-                                         rate_ratio, service_rate, theorem1, theorem1_grid)
+from prism.models_queueing.model import (EngineQueue, brownian_max_mean, brownian_max_sf, fluid_wait,
+                                         fluid_wait_quantile, mg1_wait, mg1_wait_quantile, rate_ratio, replay_wait,
+                                         service_rate, theorem1, theorem1_grid)
 from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
 
@@ -83,14 +85,35 @@ def test_engine_queue_consistency():
     # a decode step of the wave is the larger of its memory and compute bounds
     step = 0.001 + max(0.005 + 9e-8 * 40 * (768 + 16), 5e-5 * 40)
     assert q0.wave_overhead() == pytest.approx(0.003 * max(1, 40 * 768 * 0.8 / 8192) + 4e-6 * 40 + 31 * step)
-    # without a replay size the wait past the knee is infinite; with one it is the fluid transient's
+    # without a replay size the wait past the knee is infinite; with one it is the replay's transient
     lam = 1.5 * q0.service_rate()
     assert math.isinf(q0.ttft(lam))
     q0.requests = 1000
     assert q0.transient(lam) and not q0.transient(0.9 * q0.service_rate())
-    assert q0.wait(lam) == fluid_wait(lam, q0.service_rate(), 1000)
-    assert q0.ttft(lam, 0.99) == pytest.approx(fluid_wait_quantile(lam, q0.service_rate(), 1000, 0.99)
-                                               + q0.own_prefill() + 0.0005)
+    es, es2 = q0.moments()
+    assert q0.wait(lam) == replay_wait(lam, es, es2, 1000)
+    assert q0.ttft(lam, 0.99) == pytest.approx(replay_wait(lam, es, es2, 1000, 0.99) + q0.own_prefill() + 0.0005)
+    assert q0.wait(lam) == pytest.approx(fluid_wait(lam, q0.service_rate(), 1000), rel=0.01)  # well past the knee
+    low = 0.3 * q0.service_rate()  # at low load: the P-K mean (the replay, started empty, just below it) and atom
+    assert q0.wait(low) == pytest.approx(mg1_wait(low, es, es2), rel=0.01) and q0.wait(low, 0.5) == 0.0
+
+
+def test_brownian_replay_closed_forms():
+    """The diffusion's limits: at the knee the mean running maximum of σ·B over [0, t] is σ√(2t/π), so the
+    mean over arrivals spread evenly on [0, T] is (2/3)·σ·√(2T/π); well past it, the fluid plus σ²/(2(ρ−1));
+    below it over a long replay, the P-K mean λE[S²]/(2(1−ρ)). The tail probability integrates to the mean."""
+    d, n = 0.02, 4000
+    lam = 1 / d
+    sigma = math.sqrt(lam * d * d)
+    assert replay_wait(lam, d, d * d, n) == pytest.approx(2 / 3 * sigma * math.sqrt(2 * n / lam / math.pi), rel=0.01)
+    lam = 2 / d
+    assert replay_wait(lam, d, d * d, n) == pytest.approx(fluid_wait(lam, 1 / d, n) + lam * d * d / 2, rel=0.002)
+    lam = 0.5 / d
+    assert replay_wait(lam, d, d * d, 100_000) == pytest.approx(mg1_wait(lam, d, d * d), rel=0.01)
+    for drift in (-0.4, 0.0, 0.7):
+        mean = brownian_max_mean(drift, 1.3, np.array([2.5]))[0]
+        area, _ = integrate.quad(lambda x: brownian_max_sf(x, drift, 1.3, np.array([2.5]))[0], 0, np.inf)
+        assert area == pytest.approx(mean, rel=1e-6)
 
 
 # ---------------------------------------------------------------- past the knee: the fluid transient
@@ -109,6 +132,14 @@ def _md1(arrivals):
     return waits, q
 
 
+def _lindley(arrivals: np.ndarray, d: float) -> np.ndarray:
+    """FIFO single-server waits with service d (rows: independent replays): W_i = max(0, W_(i−1) + d − gap)."""
+    waits = np.zeros(arrivals.shape)
+    for i in range(1, arrivals.shape[-1]):
+        waits[..., i] = np.maximum(0.0, waits[..., i - 1] + d - (arrivals[..., i] - arrivals[..., i - 1]))
+    return waits
+
+
 def test_fluid_closed_form_on_evenly_spaced_arrivals():
     """D/D/1 past the knee: request i arrives at i/λ and starts at i·D, so it waits exactly i·(D − 1/λ); the
     mean of N is (N−1)·(D − 1/λ)/2 and the fluid's N·(1/μ − 1/λ)/2 differs only by N/(N−1)."""
@@ -121,9 +152,9 @@ def test_fluid_closed_form_on_evenly_spaced_arrivals():
         waits, q = _md1(np.arange(n) / lam)
         exact = np.arange(n) * (1 / mu - 1 / lam)
         assert waits == pytest.approx(exact, abs=1e-9)
-        assert q.wait(lam) == pytest.approx(waits.mean() * n / (n - 1), rel=1e-9)
+        assert fluid_wait(lam, mu, n) == pytest.approx(waits.mean() * n / (n - 1), rel=1e-9)
         for p in (0.5, 0.99):
-            assert q.wait(lam, p) == pytest.approx(np.quantile(waits, p) * n / (n - 1), rel=1e-9)
+            assert fluid_wait_quantile(lam, mu, n, p) == pytest.approx(np.quantile(waits, p) * n / (n - 1), rel=1e-9)
 
 
 @pytest.mark.parametrize("rho", [1.5, 2.0])
@@ -137,10 +168,32 @@ def test_fluid_model_against_simulation_md1(rho):
     _, q = _md1([0.0])
     lam = rho * q.service_rate()
     rng = np.random.default_rng(11)
-    waits, q = _md1(np.concatenate([[0.0], np.cumsum(rng.exponential(1 / lam, n - 1))]))
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / lam, n - 1))])
+    waits, q = _md1(arrivals)
+    assert waits == pytest.approx(_lindley(arrivals, 1 / q.service_rate()), abs=1e-9)  # the simulator is that queue
     sd = 2 / (math.sqrt(3 * n) * (rho - 1))
-    assert waits.mean() == pytest.approx(q.wait(lam), rel=3 * sd + 0.02)
-    assert np.quantile(waits, 0.99) == pytest.approx(q.wait(lam, 0.99), rel=3 * sd + 0.02)
+    for model in (fluid_wait(lam, q.service_rate(), n), q.wait(lam)):  # the fluid and its diffusion refinement
+        assert waits.mean() == pytest.approx(model, rel=3 * sd + 0.02)
+    for model in (fluid_wait_quantile(lam, q.service_rate(), n, 0.99), q.wait(lam, 0.99)):
+        assert np.quantile(waits, 0.99) == pytest.approx(model, rel=3 * sd + 0.02)
+
+
+@pytest.mark.parametrize("rho", [0.95, 1.0, 1.1])
+def test_replay_wait_near_the_knee(rho):
+    """Near the knee a single replay's mean wait scatters widely (coefficient of variation about 0.6), so the
+    reference is the same M/D/1 queue as the simulator (Lindley's recursion, which the test above shows it is)
+    over 2,000 replays of 1,000 requests: the diffusion must match their mean within 3 standard errors plus 4%
+    (the Brownian limit ignores the queue's whole D-sized jumps, an error of order D on waits of about 17·D).
+    The fluid alone predicts no wait at all at ρ ≤ 1."""
+    n, d = 1000, 1.0
+    rng = np.random.default_rng(5)
+    gaps = rng.exponential(d / rho, (2000, n - 1))
+    per_replay = _lindley(np.concatenate([np.zeros((2000, 1)), np.cumsum(gaps, axis=1)], axis=1), d).mean(axis=1)
+    se = per_replay.std(ddof=1) / math.sqrt(len(per_replay))
+    model = replay_wait(rho / d, d, d * d, n)
+    assert model == pytest.approx(per_replay.mean(), abs=3 * se + 0.04 * per_replay.mean())
+    if rho <= 1:
+        assert fluid_wait(rho / d, 1 / d, n) == 0.0
 
 
 def test_prism_theory_end_to_end(tmp_path, capsys):
@@ -153,9 +206,9 @@ def test_prism_theory_end_to_end(tmp_path, capsys):
     # at low load the model's throughput is the offered load, and the simulation agrees within 20%
     assert float(low["throughput_model"]) == pytest.approx(5.0)
     assert float(low["throughput_sim"]) == pytest.approx(5.0, rel=0.2)
-    # at 60 QPS both see overload: past the knee the model predicts the replay's fluid transient (finite), and
-    # its mean TTFT is within 20% of the simulation's
-    assert float(high["rho_model"]) > 1 and high["regime"] == "transient (fluid)"
+    # at 60 QPS both see overload: past the knee the model predicts the replay's transient (finite), and its
+    # mean TTFT is within 20% of the simulation's
+    assert float(high["rho_model"]) > 1 and high["regime"] == "past knee" and low["regime"] == "below knee"
     assert math.isfinite(float(high["ttft_p99_model"]))
     assert float(high["ttft_mean_model"]) == pytest.approx(float(high["ttft_mean_sim"]), rel=0.2)
     # every row names exactly the figures whose relative error exceeds 20%

@@ -2,10 +2,11 @@
 
 At each QPS the simulator runs the method; the model (models_queueing) takes the run's measured hit rate,
 the trace's prompt lengths and the calibrated step costs, and predicts utilisation, throughput, TTFT mean,
-P50 and P99 and the knee (the largest stable arrival rate): the M/G/1 steady state below the knee, the fluid
-transient of the finite replay past it (the backlog grows at λ − μ; the mean wait of N requests is
-N·(1/μ − 1/λ)/2). Each row names the figures where model and simulation depart by more than 20%
-(``departs``; the relative errors are in the JSON and CSV).
+P50 and P99 and the knee (the largest stable arrival rate). Waits are the M/G/1 steady state's at low load and the
+finite replay's transient near and past the knee (fluid: the backlog grows at λ − μ and the mean wait of N
+requests is N·(1/μ − 1/λ)/2; refined by a diffusion, exact at the knee where the fluid predicts nothing; see
+models_queueing). Each row says whether λ is below or past the model's knee, and names the figures where model
+and simulation depart by more than 20% (``departs``; the relative errors are in the JSON and CSV).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def compare(summaries: list[dict], spec: RunSpec) -> list[dict]:
         q = EngineQueue(profile.cost, lengths, out_len, min(s["hit_rate"], 0.999), m, eng.chunked_prefill_size,
                         requests=len(trace.requests))
         row = {"qps": lam, "hit_rate": s["hit_rate"], "wave": m, "mu_model": q.service_rate(),
-               "rho_model": q.utilisation(lam), "regime": "transient (fluid)" if q.transient(lam) else "steady (M/G/1)",
+               "rho_model": q.utilisation(lam), "regime": "past knee" if q.transient(lam) else "below knee",
                "throughput_model": q.throughput(lam), "throughput_sim": s["throughput_rps"],
                "ttft_mean_model": q.ttft(lam), "ttft_mean_sim": s["ttft_s"]["mean"],
                "ttft_p50_model": q.ttft(lam, 0.5), "ttft_p50_sim": s["ttft_s"]["p50"],
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(out / "theory.csv", list(rows[0]), rows)
         png = plot(rows, out / "theory.png", f"{args.method} on {Path(args.trace).name}: model vs simulation")
     fmt = lambda v: "inf" if isinstance(v, float) and math.isinf(v) else v  # noqa: E731
-    print(table([[r["qps"], r["hit_rate"], r["rho_model"], r["regime"].split()[0], fmt(r["throughput_model"]),
+    print(table([[r["qps"], r["hit_rate"], r["rho_model"], r["regime"], fmt(r["throughput_model"]),
                   r["throughput_sim"], fmt(r["ttft_mean_model"]), r["ttft_mean_sim"], fmt(r["ttft_p50_model"]),
                   r["ttft_p50_sim"], fmt(r["ttft_p99_model"]), r["ttft_p99_sim"], r["departs"] or "-"] for r in rows],
                 ["qps", "hit_rate", "rho", "regime", "thr_model", "thr_sim", "mean_model", "mean_sim", "p50_model",
