@@ -14,9 +14,21 @@ Measurements CSV (one row per engine iteration; header required, extra columns i
 * ``context_tokens`` (decode): Σ of the requests' context lengths;
 * ``seconds``: the iteration's measured time.
 
-SGLang's live mode (and any engine that logs per-iteration batch shapes) writes exactly this. The fit is a
-non-negative least squares on *relative* residuals (iteration times span orders of magnitude), separately for
-prefill ``(a_p, b_p, c_p)`` and decode ``(a_d, b_d, c_d)``; the report gives each kind's MAPE.
+SGLang's live mode (and any engine that logs per-iteration batch shapes) writes exactly this. The fit minimises
+*relative* residuals (iteration times span orders of magnitude), separately for each phase; the report gives
+each phase's MAPE.
+
+* prefill ``t = a_p + b_p·N_new + d_p·B + c_p·pairs`` is linear: a non-negative least squares over the four
+  coefficients. ``d_p`` (the LM head once per sequence) needs batch sizes that vary apart from the other
+  columns; otherwise (``prism-calibrate measure`` times single requests) ``d_p`` is held at the prior's value
+  (the roofline of ``--gpu``/``--model``) and the rest is fitted to what remains;
+* decode ``t = a_d + max(w_d + c_d·Σctx, b_d·B)`` is piecewise linear: the memory line ``K + c_d·Σctx`` is
+  fitted first (non-negative least squares), then all four coefficients by nonlinear least squares
+  (scipy ``least_squares``, bounds ≥ 0) from ``a_d`` = the prior's, ``w_d = K − a_d``, ``b_d`` = the prior's.
+  Telling the overhead ``a_d`` from the weight read ``w_d``, and finding ``b_d``, needs compute-bound rows (large
+  batches of short contexts) at two batch sizes at least; without them the memory line is kept, ``a_d`` and
+  ``b_d`` are held at the prior's (``b_d`` capped so that no measured row is predicted compute-bound) and the
+  report says so.
 """
 
 from __future__ import annotations
@@ -25,15 +37,16 @@ import csv
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
-from scipy.optimize import lsq_linear
+from scipy.optimize import least_squares, lsq_linear
 
 from prism.config import read_text
 from prism.errors import UserError
 from prism.output import atomic_path, write_csv
 
-from prism.calibration.cost_model import CostModel
+from prism.calibration.cost_model import DEFAULT_PROFILE, CostModel, load_profile
 
 MAX_ROWS = 1_000_000  # synthetic measurements at most
 REQUIRED = ("kind", "batch_size", "new_tokens", "cached_tokens", "context_tokens", "seconds")
@@ -41,9 +54,9 @@ REQUIRED = ("kind", "batch_size", "new_tokens", "cached_tokens", "context_tokens
 
 @dataclass
 class Measurements:
-    prefill_x: np.ndarray  # rows of (1, N_new, pairs)
+    prefill_x: np.ndarray  # rows of (1, N_new, B, pairs)
     prefill_y: np.ndarray
-    decode_x: np.ndarray  # rows of (1, B, Σctx)
+    decode_x: np.ndarray  # rows of (B, Σctx)
     decode_y: np.ndarray
 
 
@@ -98,13 +111,13 @@ def read_measurements(path: str | Path) -> Measurements:
                     pairs = sum(n * (c + n / 2) for n, c in zip(new, cached))
                 else:  # batch totals: assume alike requests
                     pairs = new[0] * (cached[0] + new[0] / 2) / b
-                px.append((1.0, sum(new), pairs))
+                px.append((1.0, sum(new), b, pairs))
                 py.append(secs[0])
             else:
                 ctx = _numbers(row["context_tokens"], where, "context_tokens")
                 if len(ctx) != 1:
                     raise UserError("field 'context_tokens': required (one number) for decode rows", where)
-                dx.append((1.0, b, ctx[0]))
+                dx.append((b, ctx[0]))
                 dy.append(secs[0])
     except csv.Error as e:
         raise UserError(f"invalid CSV ({e})", f"{p}:{reader.line_num}") from None
@@ -122,18 +135,19 @@ class FitReport:
     rows_decode: int
     pred_prefill: np.ndarray
     pred_decode: np.ndarray
+    held: list[str]  # coefficients the rows could not identify, kept from the prior, and why
 
 
-def _relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # scale columns for conditioning, rows by 1/y for relative error
+def _relative_nnls(x: np.ndarray, target: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative x·c ≈ target, each row weighted by 1/y (relative error of the measured time y)."""
     w = 1.0 / y
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
-    res = lsq_linear((x / scale) * w[:, None], y * w, bounds=(0, np.inf), method="bvls")
+    res = lsq_linear((x / scale) * w[:, None], target * w, bounds=(0, np.inf), method="bvls")
     return res.x / scale
 
 
-def check_identifiable(x: np.ndarray, kind: str, names: tuple[str, str, str], columns: tuple[str, str, str],
+def check_identifiable(x: np.ndarray, kind: str, names: Sequence[str], columns: Sequence[str],
                        where: str) -> None:
     """Each coefficient needs a column of the design that the others do not explain: name the first that
     does not (identical rows, or a column proportional to another, leave a coefficient arbitrary)."""
@@ -148,19 +162,70 @@ def check_identifiable(x: np.ndarray, kind: str, names: tuple[str, str, str], co
                         where)
 
 
-def fit(m: Measurements, first_token_s: float = 0.0, name: str = "fitted", where: str = "measurements"
-        ) -> FitReport:
-    check_identifiable(m.prefill_x, "prefill", ("a_p", "b_p", "c_p"),
+def _rank_grows(x: np.ndarray, column: np.ndarray) -> bool:
+    """Whether ``column`` is not a combination of the columns of ``x`` (scaled as in check_identifiable)."""
+    both = np.column_stack([x, column])
+    both = both / np.where(np.abs(both).max(axis=0) > 0, np.abs(both).max(axis=0), 1.0)
+    return int(np.linalg.matrix_rank(both, tol=1e-9 * len(x))) == both.shape[1]
+
+
+def fit_prefill(x: np.ndarray, y: np.ndarray, prior: CostModel, where: str) -> tuple[dict[str, float], list[str]]:
+    """(a_p, b_p, d_p, c_p) from rows of (1, N_new, B, pairs); d_p from the prior when the batch sizes do not
+    vary apart from the other columns (e.g. every row one request)."""
+    base = x[:, [0, 1, 3]]
+    check_identifiable(base, "prefill", ("a_p", "b_p", "c_p"),
                        ("the fixed cost", "new_tokens", "attention pairs (new_tokens x cached_tokens)"), where)
-    check_identifiable(m.decode_x, "decode", ("a_d", "b_d", "c_d"),
+    if not _rank_grows(base, x[:, 2]):
+        c = _relative_nnls(base, y - prior.d_p * x[:, 2], y)
+        sizes = ", ".join(f"{b:g}" for b in np.unique(x[:, 2]))
+        held = [f"d_p = {prior.d_p:.4g} s from the prior: the prefill rows' batch sizes ({sizes}) do not vary "
+                "apart from the other columns"]
+        return {"a_p": float(c[0]), "b_p": float(c[1]), "d_p": prior.d_p, "c_p": float(c[2])}, held
+    c = _relative_nnls(x, y, y)
+    return {"a_p": float(c[0]), "b_p": float(c[1]), "d_p": float(c[2]), "c_p": float(c[3])}, []
+
+
+def decode_model(p: np.ndarray, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    """a_d + max(w_d + c_d·ctx, b_d·B) for p = (a_d, w_d, c_d, b_d): CostModel.decode_time over arrays."""
+    return p[0] + np.maximum(p[1] + p[2] * ctx, p[3] * batch)
+
+
+def fit_decode(x: np.ndarray, y: np.ndarray, prior: CostModel, where: str) -> tuple[dict[str, float], list[str]]:
+    """(a_d, w_d, c_d, b_d) from rows of (B, Σctx): the memory line first, then the max form (module docstring)."""
+    batch, ctx = x[:, 0], x[:, 1]
+    # memory (∝ Σctx) and compute (∝ B) are told apart only if the context per request varies across rows
+    check_identifiable(np.column_stack([np.ones(len(y)), batch, ctx]), "decode", ("w_d", "b_d", "c_d"),
                        ("the fixed cost", "batch_size", "context_tokens"), where)
-    cp = _relative_nnls(m.prefill_x, m.prefill_y)
-    cd = _relative_nnls(m.decode_x, m.decode_y)
-    cost = CostModel(a_p=float(cp[0]), b_p=float(cp[1]), c_p=float(cp[2]), a_d=float(cd[0]), b_d=float(cd[1]),
-                     c_d=float(cd[2]), first_token_s=first_token_s, name=name)
-    pp, pd = m.prefill_x @ cp, m.decode_x @ cd
+    line = np.column_stack([np.ones(len(y)), ctx])
+    k, c_d = _relative_nnls(line, y, y)
+    a_d = min(prior.a_d, k)
+    start = np.array([a_d, k - a_d, c_d, prior.b_d])
+    scale = np.array([y.max(), y.max(), y.max() / max(ctx.max(), 1.0), y.max() / batch.max()])
+    fitted = least_squares(lambda q: (decode_model(q * scale, batch, ctx) - y) / y, start / scale,
+                           bounds=(0.0, np.inf), method="trf", x_scale="jac").x * scale
+    compute_bound = fitted[3] * batch > fitted[1] + fitted[2] * ctx
+    if len(np.unique(batch[compute_bound])) >= 2:
+        return dict(zip(("a_d", "w_d", "c_d", "b_d"), map(float, fitted))), []
+    b_d = float(min(prior.b_d, np.min((k - a_d + c_d * ctx) / batch)))
+    held = [f"a_d = {a_d:.4g} s and b_d = {b_d:.4g} s from the prior (b_d capped so that no measured row is "
+            "compute-bound): no decode row is compute-bound at two batch sizes (add large batches of short "
+            "contexts to identify them)"]
+    return {"a_d": a_d, "w_d": float(k - a_d), "c_d": float(c_d), "b_d": b_d}, held
+
+
+def fit(m: Measurements, first_token_s: float = 0.0, name: str = "fitted", where: str = "measurements",
+        prior: CostModel | None = None) -> FitReport:
+    """Fit both phases; coefficients the rows cannot identify come from ``prior`` (default: the roofline of
+    the default profile; ``prism-calibrate fit`` passes the roofline of its ``--gpu``/``--model``)."""
+    prior = prior or load_profile(DEFAULT_PROFILE).cost
+    cp, held_p = fit_prefill(m.prefill_x, m.prefill_y, prior, where)
+    cd, held_d = fit_decode(m.decode_x, m.decode_y, prior, where)
+    cost = CostModel(**cp, **cd, first_token_s=first_token_s, name=name)
+    pp = np.array([cost.a_p + cost.b_p * n + cost.d_p * b + cost.c_p * pairs for _, n, b, pairs in m.prefill_x])
+    pd = decode_model(np.array([cost.a_d, cost.w_d, cost.c_d, cost.b_d]), m.decode_x[:, 0], m.decode_x[:, 1])
     mape = lambda pred, y: float(np.mean(np.abs(pred - y) / y))  # noqa: E731
-    return FitReport(cost, mape(pp, m.prefill_y), mape(pd, m.decode_y), len(m.prefill_y), len(m.decode_y), pp, pd)
+    return FitReport(cost, mape(pp, m.prefill_y), mape(pd, m.decode_y), len(m.prefill_y), len(m.decode_y), pp, pd,
+                     held_p + held_d)
 
 
 def synthetic_measurements(cost: CostModel, rows: int, noise: float, seed: int = 0) -> list[dict[str, str]]:
@@ -176,9 +241,9 @@ def synthetic_measurements(cost: CostModel, rows: int, noise: float, seed: int =
             out.append({"kind": "prefill", "batch_size": str(b), "new_tokens": ";".join(map(str, new)),
                         "cached_tokens": ";".join(map(str, cached)), "context_tokens": "",
                         "seconds": repr(t * (1 + noise * rng.standard_normal()))})
-        else:
+        else:  # short contexts at large batches reach the compute bound
             b = int(np.exp(rng.uniform(0.0, np.log(256))))
-            ctx = int(b * rng.integers(200, 4096))
+            ctx = int(b * np.exp(rng.uniform(np.log(16), np.log(4096))))
             t = cost.decode_time(b, ctx)
             out.append({"kind": "decode", "batch_size": str(b), "new_tokens": "", "cached_tokens": "",
                         "context_tokens": str(ctx), "seconds": repr(t * (1 + noise * rng.standard_normal()))})

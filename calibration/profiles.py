@@ -7,7 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from prism.config import build, load_yaml, positive
+from prism.config import build, fraction, load_yaml, positive
 from prism.errors import UserError
 
 GIB = 1 << 30
@@ -16,14 +16,21 @@ GIB = 1 << 30
 @dataclass(frozen=True)
 class GPU:
     name: str
-    peak_flops: float = positive(1.0, "dense bf16 FLOP/s")
+    peak_flops: float = positive(1.0, "dense bf16 FLOP/s (data sheet)")
     hbm_bandwidth: float = positive(1.0, "HBM bytes/s")
     memory_gib: float = positive(1.0, "device memory, GiB")
+    sustained_compute: float = fraction(1.0, "share of the SXM part's sustained FLOP/s under the board's power "
+                                        "limit (PCIe cards: about 0.9)")
     key: str = ""
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * GIB
+
+    @property
+    def compute_flops(self) -> float:
+        """The FLOP/s the efficiency factors apply to: peak × sustained share."""
+        return self.peak_flops * self.sustained_compute
 
 
 @dataclass(frozen=True)
@@ -52,10 +59,20 @@ class Model:
         return self.params * dtype_bytes
 
     @property
+    def lm_head_params(self) -> float:
+        """vocab × hidden: the LM head's matrix (the embedding's, when tied)."""
+        return float(self.vocab * self.hidden)
+
+    @property
+    def non_embedding_params(self) -> float:
+        """The transformer layers' parameters: all but the embedding and the LM head (one matrix when tied)."""
+        return self.params - self.lm_head_params * (1 if self.tie_embeddings else 2)
+
+    @property
     def matmul_params(self) -> float:
-        """Parameters that take part in a matmul for every token (the embedding lookup does not)."""
-        embed = self.vocab * self.hidden
-        return self.params - (0 if self.tie_embeddings else embed)
+        """Parameters in a matmul for a token whose logits are computed (every decoded token): the layers and the
+        LM head; the embedding lookup is not a matmul. They are also the bytes each decode step reads (÷ dtype)."""
+        return self.non_embedding_params + self.lm_head_params
 
 
 def _table(name: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ The YAML mapping has these sections (all optional)::
     method: sglang            # a preset, or give scheduler / eviction
     scheduler: lpm
     eviction: lru
-    profile: a800-80g:qwen3-4b-instruct-2507   # GPU:MODEL, or a profile YAML
+    profile: a800-80g-pcie:qwen3-4b-instruct-2507   # GPU:MODEL, or a profile YAML
     engine: {max_total_tokens: 32768, chunked_prefill_size: 8192, ...}
     trace: {qps: 60, num_requests: 2048, seed: 0, ...}   # overrides of the trace spec
     lpm: {fcfs_threshold: 128}                            # one section per policy with knobs

@@ -116,7 +116,7 @@ def test_same_seed_same_bytes(tmp_path, profile):
 
 def test_two_requests_exact_timestamps():
     """Hand-computed from the cost model's formulas (see the numbers in the comments)."""
-    cost = CostModel(a_p=0.1, b_p=0.01, c_p=0.001, a_d=0.05, b_d=0.001, c_d=0.0001, first_token_s=0.002)
+    cost = CostModel(a_p=0.1, b_p=0.01, c_p=0.001, a_d=0.05, w_d=0.001, b_d=0.001, c_d=0.0001, first_token_s=0.002)
     base = load_profile()
     profile = Profile(cost, base.gpu, base.model, 10_000)
     tr = make_trace([
@@ -129,8 +129,8 @@ def test_two_requests_exact_timestamps():
     assert a.prefill_start == 0.0 and a.hit_tokens == 0
     assert a.prefill_end == pytest.approx(0.388)
     assert a.first_token == pytest.approx(0.390)
-    # two decode steps (3 output tokens, the first from prefill): contexts 17 then 18
-    # 0.05 + 0.001 + 0.0001*17 = 0.0527; 0.05 + 0.001 + 0.0001*18 = 0.0528
+    # two decode steps (3 output tokens, the first from prefill): contexts 17 then 18, memory-bound
+    # 0.05 + max(0.001 + 0.0001*17, 0.001*1) = 0.0527; 0.05 + max(0.001 + 0.0001*18, 0.001) = 0.0528
     assert a.finish == pytest.approx(0.388 + 0.0527 + 0.0528)
     # B at t=1: sys + r1 = 12 tokens cached; 4 new: 0.1 + 0.04 + 0.001*4*(12 + 2) = 0.196
     assert b.hit_tokens == 12

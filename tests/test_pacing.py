@@ -9,14 +9,15 @@ import pytest
 from prism.calibration.cost_model import CostModel
 from prism.live.pacing import Pacer
 
-COST = CostModel(a_p=0.003, b_p=2e-5, c_p=1e-9, a_d=0.006, b_d=1e-5, c_d=2e-8, name="t")
+COST = CostModel(a_p=0.003, b_p=2e-5, c_p=1e-9, a_d=0.006, w_d=0.002, b_d=1e-5, c_d=2e-8, name="t")
 
 
 def test_budget_is_the_cost_model_times_the_dilation():
     p = Pacer(COST, dilation=4.0)
     assert p.budget(True, [100, 50], [0, 200], 0, 2) == pytest.approx(
         4 * (0.003 + 2e-5 * 150 + 1e-9 * (100 * 50 + 50 * (200 + 25))))
-    assert p.budget(False, (), (), 3000, 8) == pytest.approx(4 * (0.006 + 1e-5 * 8 + 2e-8 * 3000))
+    # decode: the overhead plus the larger of reading weights and KV (2.06 ms) and computing 8 tokens (0.08 ms)
+    assert p.budget(False, (), (), 3000, 8) == pytest.approx(4 * (0.006 + max(0.002 + 2e-8 * 3000, 1e-5 * 8)))
 
 
 def test_back_to_back_batches_anchor_on_the_previous_target_end_and_idle_ones_on_their_iteration():

@@ -17,9 +17,9 @@ from prism.output import check_out_dir
 EPILOG = """\
 examples:
   prism-live --model llama2-13b --trace traces/zipf.yaml --method prism --qps 12          # GPU machine
-  prism-live --model tiny --pace a800-80g:qwen3-4b-instruct-2507 --trace traces/zipf.yaml --method prism --qps 20
+  prism-live --model tiny --pace a800-80g-pcie:qwen3-4b-instruct-2507 --trace traces/zipf.yaml --method prism --qps 20
   prism-live --url http://127.0.0.1:30000 --trace traces/zipf.yaml --method sglang      # a running server
-  prism-live validate --trace traces/zipf.yaml --methods sglang,prism --qps 15,25 --pace a800-80g:qwen3-4b-instruct-2507
+  prism-live validate --trace traces/zipf.yaml --methods sglang,prism --qps 15,25 --pace a800-80g-pcie:qwen3-4b-instruct-2507
 
 The run is described exactly as for prism-sim (--config, --set, --method, --scheduler, --eviction, --qps,
 --seed) and writes the same requests.csv and summary.json (engine_kind: sglang). --model takes a profile

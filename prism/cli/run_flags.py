@@ -24,7 +24,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with run settings")
     p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
     p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
-    p.add_argument("--profile", help="GPU:MODEL (default a800-80g:qwen3-4b-instruct-2507) or a profile YAML")
+    p.add_argument("--profile", help="GPU:MODEL (default a800-80g-pcie:qwen3-4b-instruct-2507) or a profile YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. engine.max_total_tokens=65536, lpm.fcfs_threshold=64, "
                         "trace.num_requests=200 (repeatable)")
