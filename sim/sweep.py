@@ -43,9 +43,9 @@ ROW_FIELDS = ["method", "scheduler", "eviction", "qps", "seed", "num_requests", 
               "belady_hit_rate", "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps",
               "evicted_tokens_private",
               "evicted_tokens_reusable", "evicted_tokens_protected", "admitted_hot_lane", "admitted_cold_lane",
-              "front_alignment_moves", "wall_s"]
+              "front_alignment_moves", "retractions", "reprefilled_tokens", "wall_s"]
 AGG_METRICS = ["ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit_rate",
-               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps"]
+               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps", "retractions"]
 
 
 @dataclass
@@ -119,7 +119,8 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         "evicted_tokens_reusable": c.get("evicted_tokens_reusable", 0),
         "evicted_tokens_protected": c.get("evicted_tokens_protected", 0),
         "admitted_hot_lane": c.get("admitted_hot_lane", 0), "admitted_cold_lane": c.get("admitted_cold_lane", 0),
-        "front_alignment_moves": c.get("front_alignment_moves", 0), "wall_s": summary["wall_s"],
+        "front_alignment_moves": c.get("front_alignment_moves", 0), "retractions": c.get("retractions", 0),
+        "reprefilled_tokens": c.get("reprefilled_tokens", 0), "wall_s": summary["wall_s"],
     }
 
 

@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill p50 {s['t_prefill_s']['p50']:.3f} s; {c.get('prefill_iterations', 0)} prefill and "
           f"{c.get('decode_iterations', 0)} decode iterations; KV capacity {s['kv_capacity_tokens']} tokens "
           f"({s['profile']}); simulated in {s['wall_s']:.2f} s")
+    if c.get("retractions"):
+        print(f"KV ran out mid-decode: {c['retractions']} retractions, {c.get('reprefilled_tokens', 0)} tokens "
+              f"prefilled again ({c.get('reprefill_hit_tokens', 0)} found cached)")
     if s["throughput_rps"] < 0.9 * s["qps"]:
         print(f"note: the engine serves {s['throughput_rps']:.1f} requests/s of the {s['qps']:g} offered: it is "
               "overloaded, and TTFT grows with the length of the trace (see prism-theory for the knee)")
