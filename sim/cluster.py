@@ -67,11 +67,12 @@ class _AdmissionProbe(Scheduler):
 class Instance:
     """One engine of the cluster and its live view (the :class:`~prism.policies.routing.InstanceView`)."""
 
-    def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, on_finish: Callable[[Seq], None]) -> None:
+    def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, capacity: int,
+                 on_finish: Callable[[Seq], None]) -> None:
         self.index = index
         profile = spec.profile_of(index)
         self.profile = profile.name
-        self.capacity = kv_capacity(spec.engine, profile, spec.trace, spec.trace_source)
+        self.capacity = capacity
         self.policies: Policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
                                                 requests=spec.trace.requests)
         probe = _AdmissionProbe(self.policies.scheduler, self._admitted)
@@ -204,7 +205,12 @@ def simulate_cluster(spec: RunSpec, *, progress: bool = False,
                 done.succeed()
         return on_finish
 
-    instances = [Instance(i, env, spec, finisher(i)) for i in range(cfg.instances)]
+    capacity: dict[str, int] = {}  # per profile (checking a capacity against the trace reads every request)
+    for i in range(cfg.instances):
+        p = spec.profile_of(i)
+        if p.name not in capacity:
+            capacity[p.name] = kv_capacity(spec.engine, p, spec.trace, spec.trace_source)
+    instances = [Instance(i, env, spec, capacity[spec.profile_of(i).name], finisher(i)) for i in range(cfg.instances)]
     router = RouterProcess(env, instances, make_router(cfg.router, spec.router_configs), cfg.router_delay_s,
                            cfg.view_interval_s)
     client = Client(env, router, trace.requests, spec.engine.max_concurrency)
