@@ -52,7 +52,12 @@ def argmin_from(scores: Sequence[float], start: int) -> int:
 
 
 class Router:
-    """Chooses an instance for each request; subclasses override :meth:`route`."""
+    """Chooses an instance for each request; subclasses override :meth:`route`.
+
+    ``reads_queued_prefill``: the policy reads ``queued_prefill_tokens`` (the cluster then peeks the chosen
+    instance's cache once per request to keep that figure; other policies spare it)."""
+
+    reads_queued_prefill = False
 
     def __init__(self) -> None:
         self.counters: dict[str, int] = {}

@@ -13,9 +13,10 @@ at the decision's end. The view is exact (``view_interval_s = 0``) or a snapshot
 refreshed when it is older than ``view_interval_s`` (a router polling its workers); cache peeks always read
 the instance's current cache.
 
-Queued prefill tokens: when a request is routed, its uncached tokens on the chosen instance are recorded; they
-leave the instance's queue when its engine admits the request (the cluster learns admissions through the
-engine's scheduler, which it wraps in :class:`_AdmissionProbe`, a pure delegate).
+Queued prefill tokens (kept only for a routing policy that reads them: ``Router.reads_queued_prefill``): when
+a request is routed, its uncached tokens on the chosen instance are recorded; they leave the instance's queue
+when its engine admits the request (the cluster learns admissions through the engine's scheduler, which it
+wraps in :class:`_AdmissionProbe`, a pure delegate).
 
 A cluster of one instance serves exactly as the single engine (``sim/run.py``) does: the same requests.csv,
 byte for byte (tests/test_cluster.py). Cost over a single engine: per request, the router's own work (N cache
@@ -68,15 +69,17 @@ class Instance:
     """One engine of the cluster and its live view (the :class:`~prism.policies.routing.InstanceView`)."""
 
     def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, capacity: int,
-                 on_finish: Callable[[Seq], None]) -> None:
+                 on_finish: Callable[[Seq], None], track_prefill: bool = True) -> None:
         self.index = index
+        self.track_prefill = track_prefill
         profile = spec.profile_of(index)
         self.profile = profile.name
         self.capacity = capacity
         self.policies: Policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
                                                 requests=spec.trace.requests)
-        probe = _AdmissionProbe(self.policies.scheduler, self._admitted)
-        self.engine = Engine(env, spec.engine, profile.cost, probe, self.policies.eviction, self.capacity,
+        scheduler = (_AdmissionProbe(self.policies.scheduler, self._admitted) if track_prefill
+                     else self.policies.scheduler)
+        self.engine = Engine(env, spec.engine, profile.cost, scheduler, self.policies.eviction, self.capacity,
                              self.policies.hints, on_finish)
         self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s)
                       if self.policies.front_end is not None else None)
@@ -101,10 +104,11 @@ class Instance:
 
     # ---------------------------------------------------------------- traffic
     def submit(self, seq: Seq) -> None:
-        est = seq.prompt_len - self.match_len(seq.key)
-        self._estimate[seq.id] = est
-        self.queued_prefill_tokens += est
-        self._peek = (None, 0)
+        if self.track_prefill:
+            est = seq.prompt_len - self.match_len(seq.key)
+            self._estimate[seq.id] = est
+            self.queued_prefill_tokens += est
+            self._peek = (None, 0)
         self.entry.submit(seq)
 
     def _admitted(self, admitted: Sequence[WaitingRequest]) -> None:
@@ -210,9 +214,10 @@ def simulate_cluster(spec: RunSpec, *, progress: bool = False,
         p = spec.profile_of(i)
         if p.name not in capacity:
             capacity[p.name] = kv_capacity(spec.engine, p, spec.trace, spec.trace_source)
-    instances = [Instance(i, env, spec, capacity[spec.profile_of(i).name], finisher(i)) for i in range(cfg.instances)]
-    router = RouterProcess(env, instances, make_router(cfg.router, spec.router_configs), cfg.router_delay_s,
-                           cfg.view_interval_s)
+    policy = make_router(cfg.router, spec.router_configs)
+    instances = [Instance(i, env, spec, capacity[spec.profile_of(i).name], finisher(i), policy.reads_queued_prefill)
+                 for i in range(cfg.instances)]
+    router = RouterProcess(env, instances, policy, cfg.router_delay_s, cfg.view_interval_s)
     client = Client(env, router, trace.requests, spec.engine.max_concurrency)
 
     def result(complete: bool) -> SimResult:
