@@ -157,6 +157,7 @@ theory-unknown-method           | theory        | --method magic | unknown metho
 theory-unused-knobs             | theory        | --method sglang --set qas.q_cold=4 | section 'qas'
 theory-page-size-zero           | theory        | --set engine.page_size=0 | page_size
 theory-argparse-workers         | theory        | --workers 1.5 | --workers
+theory-cluster                  | theory        | --set cluster.instances=4 | prism-theory models one engine
 live-dilation-nan               | live          | --pace --dilation nan | --dilation
 live-dilation-inf               | live          | --pace --dilation inf | --dilation
 live-dilation-zero              | live          | --dilation 0 | --dilation
