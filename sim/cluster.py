@@ -16,7 +16,8 @@ the instance's current cache.
 Queued prefill tokens (kept only for a routing policy that reads them: ``Router.reads_queued_prefill``): when
 a request is routed, its uncached tokens on the chosen instance are recorded; they leave the instance's queue
 when its engine admits the request (the cluster learns admissions through the engine's scheduler, which it
-wraps in :class:`_AdmissionProbe`, a pure delegate).
+wraps in :class:`_AdmissionProbe`, a pure delegate). A request the engine later puts back in its queue (a
+retraction) is not counted again.
 
 A cluster of one instance serves exactly as the single engine (``sim/run.py``) does: the same requests.csv,
 byte for byte (tests/test_cluster.py). Cost over a single engine: per request, the router's own work (N cache
