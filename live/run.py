@@ -101,6 +101,9 @@ def check_method(spec: RunSpec) -> None:
     if spec.deployment.mode != "in_engine":
         raise UserError(f"scheduler {spec.scheduler!r} is configured as a front end (window_s > 0); prism-live "
                         "runs schedulers inside SGLang's scheduler: set its window_s to 0")
+    if spec.cluster.instances > 1:
+        raise UserError(f"cluster.instances {spec.cluster.instances}: prism-live serves one SGLang server (several "
+                        "instances are simulator-only for now)", "cluster.instances")
 
 
 class _Events:

@@ -19,13 +19,18 @@ from prism.errors import UserError
 
 from prism.policies.base import DemandHints, EvictionPolicy, Scheduler
 from prism.policies.belady import Belady
+from prism.policies.cache_aware import CacheAware, CacheAwareConfig
 from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
 from prism.policies.dart import DART, DARTConfig
 from prism.policies.eviction import LFU, LRU, LRUActive
 from prism.policies.fcfs import FCFS
 from prism.policies.klpm import KLPM, KLPMConfig
+from prism.policies.least_load import LeastLoad
+from prism.policies.lmetric import LMetric, LMetricConfig
 from prism.policies.lpm import LPM, DFSWeight, LPMConfig
 from prism.policies.qas import QAS, QASConfig
+from prism.policies.round_robin import RoundRobin
+from prism.policies.routing import Router
 
 
 IN_ENGINE = "in_engine"
@@ -79,6 +84,14 @@ EVICTIONS: dict[str, PolicyEntry] = {
     "belady": PolicyEntry(lambda cfg, hints, reqs: Belady(reqs)),  # offline reference: knows the trace
 }
 
+#: routing policies of a cluster (``cluster.router``); factories take (config or None, None, ())
+ROUTERS: dict[str, PolicyEntry] = {
+    "rr": PolicyEntry(lambda cfg, hints, reqs: RoundRobin()),
+    "least_load": PolicyEntry(lambda cfg, hints, reqs: LeastLoad()),
+    "cache_aware": PolicyEntry(lambda cfg, hints, reqs: CacheAware(cfg), CacheAwareConfig, "cache_aware"),
+    "lmetric": PolicyEntry(lambda cfg, hints, reqs: LMetric(cfg), LMetricConfig, "lmetric"),
+}
+
 #: method preset -> (scheduler, eviction)
 METHODS: dict[str, tuple[str, str]] = {
     "sglang": ("lpm", "lru"),
@@ -93,6 +106,31 @@ METHODS: dict[str, tuple[str, str]] = {
 def knob_sections() -> set[str]:
     """Names of the YAML / ``--set`` sections that hold policy knobs."""
     return {e.section for e in (*SCHEDULERS.values(), *EVICTIONS.values()) if e.section}
+
+
+def router_sections() -> set[str]:
+    """Names of the sections that hold routing-policy knobs."""
+    return {e.section for e in ROUTERS.values() if e.section}
+
+
+def check_router(name: str) -> str:
+    if name not in ROUTERS:
+        raise UserError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
+    return name
+
+
+def router_config(name: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> dict[str, Any]:
+    """The validated knob dataclass of the router's section ({} for a router without knobs)."""
+    entry = ROUTERS[check_router(name)]
+    if entry.config is None:
+        return {}
+    return {entry.section: build(entry.config, (knobs or {}).get(entry.section), f"{where}{entry.section}")}
+
+
+def make_router(name: str, configs: Mapping[str, Any]) -> Router:
+    """A fresh routing policy from validated knobs (:func:`router_config`; a missing section: the defaults)."""
+    entry = ROUTERS[check_router(name)]
+    return entry.factory(configs.get(entry.section) if entry.section else None, None, ())
 
 
 def resolve_method(method: str | None, scheduler: str | None = None,

@@ -38,9 +38,10 @@ class SimInterrupted(KeyboardInterrupt):
         self.result, self.total = result, total
 
 
-def _record(seq: Seq) -> RequestRecord:
+def record_of(seq: Seq, instance: int | None = None) -> RequestRecord:
+    """A finished request's record (``instance``: where a cluster served it)."""
     return RequestRecord(seq.id, seq.req.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
-                         seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned)
+                         seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned, instance)
 
 
 def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[RequestRecord], None] | None = None,
@@ -51,7 +52,13 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     ``served_reference`` adds ``served_infinite_cache_hit_rate``: the hit rate an unbounded cache would reach
     on the prompts as this run served them (after any realignment, in admission order), the ceiling for any
     eviction policy under this run's schedule. The trace-order figure (``infinite_cache_hit_rate``) is not
-    that ceiling for a scheduler that reorders segments."""
+    that ceiling for a scheduler that reorders segments.
+
+    A spec with ``cluster.instances > 1`` runs on a cluster (:func:`prism.sim.cluster.simulate_cluster`)."""
+    if spec.cluster.instances > 1:
+        from prism.sim.cluster import simulate_cluster  # it builds on this module
+
+        return simulate_cluster(spec, progress=progress, on_record=on_record, served_reference=served_reference)
     wall0 = time.perf_counter()
     trace = spec.trace
     capacity = kv_capacity(spec.engine, spec.profile, trace, spec.trace_source)
@@ -66,7 +73,7 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
 
     def on_finish(seq: Seq) -> None:
-        records.append(_record(seq))
+        records.append(record_of(seq))
         if served_reference:
             served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
         if on_record is not None:

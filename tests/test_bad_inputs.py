@@ -157,6 +157,7 @@ theory-unknown-method           | theory        | --method magic | unknown metho
 theory-unused-knobs             | theory        | --method sglang --set qas.q_cold=4 | section 'qas'
 theory-page-size-zero           | theory        | --set engine.page_size=0 | page_size
 theory-argparse-workers         | theory        | --workers 1.5 | --workers
+theory-cluster                  | theory        | --set cluster.instances=4 | prism-theory models one engine
 live-dilation-nan               | live          | --pace --dilation nan | --dilation
 live-dilation-inf               | live          | --pace --dilation inf | --dilation
 live-dilation-zero              | live          | --dilation 0 | --dilation
@@ -172,6 +173,13 @@ live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --pro
 live-pace-bogus                 | live          | --pace bogus | 'bogus'
 live-belady                     | live          | --eviction belady | simulator only
 live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
+live-cluster                    | live          | --set cluster.instances=2 | cluster.instances
+sweep-instances-zero            | sim sweep     | --instances 0,4 | --instances
+sweep-instances-words           | sim sweep     | --instances a | --instances
+sweep-routers-unknown           | sim sweep     | --instances 2 --routers rr,magic | unknown router 'magic'
+sweep-router-knobs-unused       | sim sweep     | --instances 2 --routers rr --set lmetric.hot_streak=2 | section 'lmetric'
+sim-router-unknown              | sim           | --instances 2 --router magic | field 'router'
+sim-router-delay-nan            | sim           | --instances 2 --set cluster.router_delay_s=nan | router_delay_s
 live-qps-inf                    | live          | --qps inf | field 'qps'
 live-unused-knobs               | live          | --set qas.q_cold=4 | section 'qas'
 live-argparse-port              | live          | --port x | --port

@@ -38,13 +38,16 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run the flags describe: --config, then --set, then the other flags."""
     data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,
-                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed)
+                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed,
+                       instances=getattr(args, "instances", None), router=getattr(args, "router", None))
     return settings_from(data, args.config or "settings").resolve(args.trace)
 
 
 def out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
-    """--out, else runs/<trace>/<method>-qps<QPS>-seed<SEED> (qpstrace: the trace's own timestamps)."""
+    """--out, else runs/<trace>/<method>-qps<QPS>-seed<SEED> (qpstrace: the trace's own timestamps), with
+    -<ROUTER>x<N> for a cluster of N instances."""
     if args.out:
         return Path(args.out)
     qps = "trace" if spec.qps_measured else f"{spec.qps:g}"
-    return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}"
+    cluster = f"-{spec.cluster.router}x{spec.cluster.instances}" if spec.cluster.instances > 1 else ""
+    return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}{cluster}"
