@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from scipy import stats as sps
 
 from prism.errors import UserError
 from prism.metrics import read_summary, write_json, write_requests_csv
@@ -129,6 +128,8 @@ def _fmt(v: Any) -> Any:
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and 95% confidence half-width (Student t) per (method, qps)."""
+    from scipy import stats as sps  # imported here: a worker never needs scipy
+
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["method"], float(r["qps"])), []).append(r)

@@ -11,7 +11,6 @@ from tqdm import tqdm
 from prism.cli.common import check_workers, parse_rates, table
 from prism.errors import UserError
 from prism.policies.registry import METHODS
-from prism.sim.plots import plot_sweep
 from prism.settings import check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
@@ -88,6 +87,8 @@ def main(argv: list[str]) -> int:
         first_seed = {}
         for t in sweep.merged:
             first_seed.setdefault((t.method, t.qps), t.folder)
+        from prism.sim.plots import plot_sweep  # matplotlib: only once the runs are done
+
         plots = plot_sweep(out, agg, cdf, first_seed)
     total, merged = len(sweep.merged), len(sweep.merged) - len(sweep.tasks())
     order = list(dict.fromkeys(t.method for t in sweep.merged))
