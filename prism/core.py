@@ -72,15 +72,41 @@ def _bulk(seed: int, count: int) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Segment:
-    """One piece of a prompt. ``tokens`` is fixed for the id; equality is by (kind, id, length)."""
+    """One piece of a prompt. ``tokens`` is fixed for the id; equality is by (kind, id, length).
+
+    A segment holds either explicit tokens (``Segment(kind, id, tokens)``: a real tokenizer's) or, as a
+    :class:`SegmentTable` makes them, only its length, first token and the hash of its id: its ``tokens``
+    are then made when asked (the first token, then a window of a shared pseudo-random pool), so that a
+    trace holds no token array per segment or request, only these references."""
 
     kind: str
     id: str
-    tokens: np.ndarray = field(repr=False)
-    length: int = field(init=False, repr=False)
+    explicit: np.ndarray | None = field(default=None, repr=False)
+    length: int = field(default=0, repr=False)
+    first: int = field(default=0, repr=False)  # the first token
+    seed: int = field(default=0, repr=False)  # places the bulk of the tokens in the pool
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "length", len(self.tokens))
+        if self.explicit is not None:
+            object.__setattr__(self, "length", len(self.explicit))
+            object.__setattr__(self, "first", int(self.explicit[0]) if len(self.explicit) else 0)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self.explicit is not None:
+            return self.explicit
+        tokens = np.empty(self.length, dtype=TOKEN_DTYPE)
+        self.fill(tokens)
+        tokens.flags.writeable = False
+        return tokens
+
+    def fill(self, out: np.ndarray) -> None:
+        """Write the tokens into ``out`` (``length`` of them), without making an array of their own."""
+        if self.explicit is not None:
+            out[:] = self.explicit
+        elif self.length:
+            out[0] = self.first
+            out[1:] = _bulk(self.seed, self.length - 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Segment) and (self.kind, self.id, self.length) == (
@@ -91,7 +117,7 @@ class Segment:
 
 
 class SegmentTable:
-    """Hands out segment token arrays: a unique first token per id, hashed tokens after it."""
+    """Hands out segments: a unique first token per id, hashed tokens after it (made when asked for)."""
 
     def __init__(self) -> None:
         self._first: dict[str, int] = {}
@@ -135,13 +161,10 @@ class SegmentTable:
             if length > len(full):
                 raise ValueError(f"segment {seg_id!r} has {len(full)} tokens, {length} asked")
             tokens = full[:length]
+            tokens.flags.writeable = False
+            seg = Segment(self._kind[seg_id], seg_id, tokens)
         else:
-            tokens = np.empty(length, dtype=TOKEN_DTYPE)
-            if length:
-                tokens[0] = self._first[seg_id]
-                tokens[1:] = _bulk(stable_hash(seg_id), length - 1)
-        tokens.flags.writeable = False
-        seg = Segment(self._kind[seg_id], seg_id, tokens)
+            seg = Segment(self._kind[seg_id], seg_id, None, length, self._first[seg_id], stable_hash(seg_id))
         self._cache[key] = seg
         return seg
 
@@ -234,8 +257,13 @@ def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: 
 
 def serialize(segments: Iterable[Segment]) -> np.ndarray:
     """The prompt's token ids: segment tokens concatenated in the given order."""
-    parts = [s.tokens for s in segments]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=TOKEN_DTYPE)
+    segments = tuple(segments)
+    out = np.empty(sum(map(_LENGTH, segments)), dtype=TOKEN_DTYPE)
+    pos = 0
+    for s in segments:
+        s.fill(out[pos:pos + s.length])
+        pos += s.length
+    return out
 
 
 _OUTPUT_SEED = stable_hash("output")
