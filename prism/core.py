@@ -123,7 +123,8 @@ class SegmentTable:
         self._first: dict[str, int] = {}
         self._kind: dict[str, str] = {}
         self._explicit: dict[str, np.ndarray] = {}
-        self._cache: dict[tuple[str, int], Segment] = {}
+        self._made: dict[str, Segment] = {}  # each id at the length first asked for
+        self._cut: dict[tuple[str, int], Segment] = {}  # at other lengths
 
     def __len__(self) -> int:
         return len(self._first)
@@ -151,8 +152,10 @@ class SegmentTable:
 
     def segment(self, seg_id: str, kind: str, length: int) -> Segment:
         """The segment ``seg_id`` cut to ``length`` tokens (declared on first use)."""
-        key = (seg_id, length)
-        seg = self._cache.get(key)
+        seg = self._made.get(seg_id)
+        if seg is not None and seg.length == length:
+            return seg
+        seg = self._cut.get((seg_id, length)) if seg is not None else None
         if seg is not None:
             return seg
         self.declare(seg_id, kind)
@@ -165,7 +168,10 @@ class SegmentTable:
             seg = Segment(self._kind[seg_id], seg_id, tokens)
         else:
             seg = Segment(self._kind[seg_id], seg_id, None, length, self._first[seg_id], stable_hash(seg_id))
-        self._cache[key] = seg
+        if seg_id in self._made:
+            self._cut[(seg_id, length)] = seg
+        else:
+            self._made[seg_id] = seg
         return seg
 
     def first_token(self, seg_id: str) -> int:
