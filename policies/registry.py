@@ -8,9 +8,9 @@ The registry also says how a scheduler is *deployed* (:class:`Deployment`): insi
 waiting queue, or as an admission front end that orders each window of arrivals before an unmodified FCFS
 engine. An engine runs whatever :func:`make_policies` hands it and never asks which policy that is.
 
-Entries name their classes as ``module:Class`` and import them on first use, so that a run imports only the
-policies it runs: QAS's compiled kernels (numba) and ContextPilot's clustering (scipy) cost a few hundred
-milliseconds to import, several times the start of a whole FCFS run.
+Entries name their classes as ``module:Class`` of ``prism.policies`` and import them on first use, so that a
+run imports only the policies it runs: QAS's compiled kernels (numba) and ContextPilot's clustering (scipy)
+cost a few hundred milliseconds to import, several times the start of a whole FCFS run.
 """
 
 from __future__ import annotations
@@ -48,51 +48,44 @@ FRONT_END_ENGINE_SCHEDULER = "fcfs"
 
 
 def _lazy(path: str) -> Any:
-    """The object a ``module:name`` path names, importing its module on first use."""
+    """The object ``module:name`` names in ``prism.policies``, importing its module on first use."""
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(f"prism.policies.{module}"), name)
 
 
 @dataclass(frozen=True)
 class PolicyEntry:
-    policy: str  # "module:Class" of the policy
-    make: Callable[..., Any]  # (policy class, config or None, hints, trace requests) -> policy
-    config_path: str | None = None  # "module:Class" of the knob dataclass; its section name is the policy name
+    factory: Callable[..., Any]  # (config or None, hints, trace requests) -> policy
+    config_ref: type | str | None = None  # knob dataclass, or its "module:Class"; its section name is the policy name
     section: str | None = None
     deployment: Callable[[Any], Deployment] | None = None  # (config) -> deployment; None: in the engine
 
     @property
     def config(self) -> type | None:
-        return _lazy(self.config_path) if self.config_path else None
-
-    def factory(self, cfg: Any, hints: DemandHints, requests: Sequence[Any]) -> Any:
-        return self.make(_lazy(self.policy), cfg, hints, requests)
+        return _lazy(self.config_ref) if isinstance(self.config_ref, str) else self.config_ref
 
 
 def _qas_deployment(cfg: Any) -> Deployment:  # cfg: a QASConfig
     return Deployment(FRONT_END, cfg.window_s) if cfg.window_s > 0 else Deployment()
 
 
-_P = "prism.policies."
 SCHEDULERS: dict[str, PolicyEntry] = {
-    "fcfs": PolicyEntry(_P + "fcfs:FCFS", lambda cls, cfg, hints, reqs: cls()),
-    "lpm": PolicyEntry(_P + "lpm:LPM", lambda cls, cfg, hints, reqs: cls(cfg), _P + "lpm:LPMConfig", "lpm"),
-    "dfs_weight": PolicyEntry(_P + "lpm:DFSWeight", lambda cls, cfg, hints, reqs: cls(cfg), _P + "lpm:LPMConfig",
-                              "lpm"),
-    "klpm": PolicyEntry(_P + "klpm:KLPM", lambda cls, cfg, hints, reqs: cls(cfg), _P + "klpm:KLPMConfig", "klpm"),
-    "contextpilot": PolicyEntry(_P + "contextpilot:ContextPilot", lambda cls, cfg, hints, reqs: cls(cfg),
-                                _P + "contextpilot:ContextPilotConfig", "contextpilot"),
-    "qas": PolicyEntry(_P + "qas:QAS", lambda cls, cfg, hints, reqs: cls(cfg), _P + "qas:QASConfig", "qas",
-                       _qas_deployment),
+    "fcfs": PolicyEntry(lambda cfg, hints, reqs: _lazy("fcfs:FCFS")()),
+    "lpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:LPM")(cfg), "lpm:LPMConfig", "lpm"),
+    "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:DFSWeight")(cfg), "lpm:LPMConfig", "lpm"),
+    "klpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("klpm:KLPM")(cfg), "klpm:KLPMConfig", "klpm"),
+    "contextpilot": PolicyEntry(lambda cfg, hints, reqs: _lazy("contextpilot:ContextPilot")(cfg),
+                                "contextpilot:ContextPilotConfig", "contextpilot"),
+    "qas": PolicyEntry(lambda cfg, hints, reqs: _lazy("qas:QAS")(cfg), "qas:QASConfig", "qas", _qas_deployment),
 }
 
 EVICTIONS: dict[str, PolicyEntry] = {
-    "lru": PolicyEntry(_P + "eviction:LRU", lambda cls, cfg, hints, reqs: cls(hints)),
-    "lfu": PolicyEntry(_P + "eviction:LFU", lambda cls, cfg, hints, reqs: cls(hints)),
-    "lru_active": PolicyEntry(_P + "eviction:LRUActive", lambda cls, cfg, hints, reqs: cls(hints)),
-    "dart": PolicyEntry(_P + "dart:DART", lambda cls, cfg, hints, reqs: cls(cfg, hints), _P + "dart:DARTConfig", "dart"),
+    "lru": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRU")(hints)),
+    "lfu": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LFU")(hints)),
+    "lru_active": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRUActive")(hints)),
+    "dart": PolicyEntry(lambda cfg, hints, reqs: _lazy("dart:DART")(cfg, hints), "dart:DARTConfig", "dart"),
     # offline reference: knows the trace
-    "belady": PolicyEntry(_P + "belady:Belady", lambda cls, cfg, hints, reqs: cls(reqs)),
+    "belady": PolicyEntry(lambda cfg, hints, reqs: _lazy("belady:Belady")(reqs)),
 }
 
 #: method preset -> (scheduler, eviction)
@@ -139,7 +132,7 @@ def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | Non
     knobs = knobs or {}
     configs = {}
     for entry in (SCHEDULERS[scheduler], EVICTIONS[eviction]):
-        if entry.config_path is not None and entry.section not in configs:
+        if entry.config is not None and entry.section not in configs:
             configs[entry.section] = build(entry.config, knobs.get(entry.section), f"{where}{entry.section}")
     return configs
 
@@ -167,7 +160,7 @@ class Policies:
 
 
 def _policy(entry: PolicyEntry, configs: Mapping[str, Any], hints: DemandHints, requests: Sequence[Any]):
-    return entry.factory(configs[entry.section] if entry.config_path is not None else None, hints, requests)
+    return entry.factory(configs[entry.section] if entry.config is not None else None, hints, requests)
 
 
 def make_policies(scheduler: str, eviction: str, configs: Mapping[str, Any], deployment: Deployment = Deployment(),
