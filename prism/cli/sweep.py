@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--trace", required=True, help="trace spec (YAML) or a built-in spec: zipf, multihop, agent, "
-                                                  "mooncake")
+                                                  "mooncake, prefix20")
     p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
     p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
