@@ -6,15 +6,15 @@
 
 The engine runs with ``engine.max_total_tokens=null`` (the profile's GPU memory: 443,521 tokens for the default
 profile). The knee of each trace is measured first: FCFS on its 2,048 requests all arriving within a few
-seconds (``--qps 1000``) serves at the engine's capacity, and that throughput is the knee; the loads are
-then 0.5x and 2x the knee (round numbers). Each (trace, load, size, method) runs in a fresh process that
+seconds (``--qps 1000``) serves at the engine's capacity, and that throughput is the knee; the loads
+are then 0.5x and 2x the knee (round numbers). Each (trace, load, size, method) runs in a fresh process that
 generates the trace, computes the trace's infinite-cache hit rate (a property of the trace, as in bench_sim),
 then times ``simulate`` alone; the process reports that wall time and its peak RSS (trace included).
 
 Printed: wall seconds, simulated requests per wall second, the growth ratios 20,480/2,048 and
 204,800/20,480 (linear cost is 10x; issue 14's target is <= 11x) and peak RSS. A point that runs past
-``--limit-s`` shows as >LIMIT (its ratios as nan) and the larger sizes of its series are skipped. ``--quick`` runs 512 and
-5,120 requests (one ratio) to try the harness. One run per point: at these sizes the noise of a shared
+``--limit-s`` shows as >LIMIT (its ratios as nan) and the larger sizes of its series are skipped.
+``--quick`` runs 512 and 5,120 requests (one ratio) to try the harness. One run per point: at these sizes the noise of a shared
 machine is a few percent, far below the ratios in question.
 """
 
