@@ -14,8 +14,8 @@ then times ``simulate`` alone; the process reports that wall time and its peak R
 Printed: wall seconds, simulated requests per wall second, the growth ratios 20,480/2,048 and
 204,800/20,480 (linear cost is 10x; issue 14's target is <= 11x) and peak RSS. A point that runs past
 ``--limit-s`` shows as >LIMIT (its ratios as nan) and the larger sizes of its series are skipped.
-``--quick`` runs 512 and 5,120 requests (one ratio) to try the harness. One run per point: at these sizes the noise of a shared
-machine is a few percent, far below the ratios in question.
+``--quick`` runs 512 and 5,120 requests (one ratio) to try the harness. One run per point: at these sizes
+the noise of a shared machine is a few percent, far below the ratios in question.
 """
 
 from __future__ import annotations
