@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Iterable, Sequence
@@ -38,7 +39,7 @@ BULK_LOW = 1 << 20
 BULK_HIGH = 1 << 30
 
 _POOL_SIZE = 1 << 20
-_pool: list[np.ndarray] = []
+_pool: list[bytes] = []  # the pool's token bytes, made on first use
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -59,15 +60,15 @@ def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: 
     return (low + (x % np.uint64(high - low))).astype(TOKEN_DTYPE)
 
 
-def _bulk(seed: int, count: int) -> np.ndarray:
-    """A segment's tokens after the first: a window of a fixed pseudo-random pool, placed by the id's hash
-    (cheap for traces with 10^5 segments; windows may overlap, harmlessly, since first tokens differ)."""
+def _bulk_bytes(seed: int, count: int) -> bytes:
+    """A segment's tokens after the first, as token bytes: a window of a fixed pseudo-random pool, placed by the
+    id's hash (cheap for traces with 10^5 segments; windows may overlap, harmlessly, since first tokens differ)."""
     if count > _POOL_SIZE // 2:
-        return hashed_tokens(seed, 1, count)
+        return hashed_tokens(seed, 1, count).tobytes()
     if not _pool:
-        _pool.append(hashed_tokens(0x5EED, 0, _POOL_SIZE))
-    start = seed % (_POOL_SIZE - count)
-    return _pool[0][start:start + count]
+        _pool.append(hashed_tokens(0x5EED, 0, _POOL_SIZE).tobytes())
+    start = (seed % (_POOL_SIZE - count)) * TOKEN_BYTES
+    return _pool[0][start:start + count * TOKEN_BYTES]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -95,18 +96,15 @@ class Segment:
     def tokens(self) -> np.ndarray:
         if self.explicit is not None:
             return self.explicit
-        tokens = np.empty(self.length, dtype=TOKEN_DTYPE)
-        self.fill(tokens)
-        tokens.flags.writeable = False
-        return tokens
+        return np.frombuffer(self.token_bytes(), dtype=TOKEN_DTYPE)  # read-only, as a segment's tokens are
 
-    def fill(self, out: np.ndarray) -> None:
-        """Write the tokens into ``out`` (``length`` of them), without making an array of their own."""
+    def token_bytes(self) -> bytes:
+        """The tokens as token bytes (a prompt's ``key`` joins them)."""
         if self.explicit is not None:
-            out[:] = self.explicit
-        elif self.length:
-            out[0] = self.first
-            out[1:] = _bulk(self.seed, self.length - 1)
+            return self.explicit.tobytes()
+        if not self.length:
+            return b""
+        return self.first.to_bytes(TOKEN_BYTES, sys.byteorder, signed=True) + _bulk_bytes(self.seed, self.length - 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Segment) and (self.kind, self.id, self.length) == (
@@ -235,7 +233,7 @@ class SegmentedPrompt:
     @property
     def key(self) -> bytes:
         if self._key is None:
-            self._key = serialize(self.segments).tobytes()
+            self._key = serialize_bytes(self.segments)
         return self._key
 
     @property
@@ -262,14 +260,13 @@ def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: 
 
 
 def serialize(segments: Iterable[Segment]) -> np.ndarray:
-    """The prompt's token ids: segment tokens concatenated in the given order."""
-    segments = tuple(segments)
-    out = np.empty(sum(map(_LENGTH, segments)), dtype=TOKEN_DTYPE)
-    pos = 0
-    for s in segments:
-        s.fill(out[pos:pos + s.length])
-        pos += s.length
-    return out
+    """The prompt's token ids (read-only): segment tokens concatenated in the given order."""
+    return np.frombuffer(serialize_bytes(segments), dtype=TOKEN_DTYPE)
+
+
+def serialize_bytes(segments: Iterable[Segment]) -> bytes:
+    """The prompt as token bytes, its radix key."""
+    return b"".join([s.token_bytes() for s in segments])
 
 
 _OUTPUT_SEED = stable_hash("output")
