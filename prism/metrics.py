@@ -19,7 +19,7 @@ from prism.output import write_atomic_text, write_csv
 from prism.settings import RunSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestRecord:
     id: int
     arrival: float

@@ -9,7 +9,6 @@ from operator import attrgetter
 from typing import Any, Callable
 
 import simpy
-from tqdm import tqdm
 
 from prism.core import Request
 from prism.metrics import RequestRecord, run_summary
@@ -68,7 +67,7 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     records: list[RequestRecord] = []
     done = env.event()
     total = len(trace.requests)
-    bar = tqdm(total=total, disable=not progress, unit="req", desc=spec.label, mininterval=0.25, leave=False)
+    bar = _progress_bar(total, spec.label) if progress else None
 
     served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
 
@@ -79,7 +78,8 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
         if on_record is not None:
             on_record(records[-1])
         client.finished(seq)
-        bar.update(1)
+        if bar is not None:
+            bar.update(1)
         if len(records) == total:
             done.succeed()
 
@@ -101,7 +101,14 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     try:
         env.run(until=done)
     except KeyboardInterrupt:
-        bar.close()
         raise SimInterrupted(result(False), total) from None
-    bar.close()
+    finally:
+        if bar is not None:
+            bar.close()
     return result(True)
+
+
+def _progress_bar(total: int, label: str):
+    from tqdm import tqdm  # only a run that shows progress pays for importing it
+
+    return tqdm(total=total, unit="req", desc=label, mininterval=0.25, leave=False)

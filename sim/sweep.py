@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from scipy import stats as sps
 
 from prism.errors import UserError
 from prism.metrics import RequestRecord, read_summary, write_json, write_requests_csv
@@ -179,6 +178,9 @@ def _fmt(v: Any) -> Any:
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and 95% confidence half-width (Student t) per (series, qps)."""
+    from scipy.special import stdtrit  # Student t quantiles (what scipy.stats.t.ppf computes), without the
+    # second it takes to import scipy.stats; imported here: a worker never needs it
+
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r.get("series") or r["method"], float(r["qps"])), []).append(r)
@@ -192,7 +194,8 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not len(vals):
                 continue
             agg[m] = float(vals.mean())
-            half = float(sps.t.ppf(0.975, len(vals) - 1) * vals.std(ddof=1) / np.sqrt(len(vals))) if len(vals) > 1 else 0.0
+            n = len(vals)
+            half = float(stdtrit(n - 1, 0.975) * vals.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
             agg[m + "_ci95"] = half
         out.append(agg)
     return out

@@ -20,7 +20,7 @@ from prism.settings import RunSpec, merge_flags, read_config, settings_from
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
-                                                      "zipf, multihop, agent, mooncake")
+                                                      "zipf, multihop, agent, mooncake, prefix20")
     p.add_argument("--config", help="YAML file with run settings")
     p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
     p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")

@@ -11,7 +11,6 @@ from tqdm import tqdm
 from prism.cli.common import check_workers, parse_rates, table
 from prism.errors import UserError
 from prism.policies.registry import METHODS, check_router
-from prism.sim.plots import plot_sweep
 from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
@@ -45,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--trace", required=True, help="trace spec (YAML) or a built-in spec: zipf, multihop, agent, "
-                                                  "mooncake")
+                                                  "mooncake, prefix20")
     p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
     p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
@@ -121,6 +120,8 @@ def main(argv: list[str]) -> int:
         first_seed = {}
         for t in sweep.merged:
             first_seed.setdefault((t.series, t.qps), t.folder)
+        from prism.sim.plots import plot_sweep  # matplotlib: only once the runs are done
+
         plots = plot_sweep(out, agg, cdf, first_seed)
     total, merged = len(sweep.merged), len(sweep.merged) - len(sweep.tasks())
     order = list(dict.fromkeys(t.series for t in sweep.merged))
