@@ -26,26 +26,22 @@ peeks for LMetric, N approximate-tree walks for the cache-aware router) and one 
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
-from operator import attrgetter
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import simpy
-from tqdm import tqdm
 
-from prism.core import Request
-from prism.metrics import RequestRecord, instance_summary, run_summary
+from prism.metrics import RequestRecord, instance_summary
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.registry import Policies, make_policies, make_router
 from prism.policies.routing import Router
 from prism.settings import RunSpec, kv_capacity
-from prism.traces.stats import infinite_cache_hit_rate
 
 from prism.sim.client import Client
 from prism.sim.engine import Engine, Seq
 from prism.sim.frontend import FrontEnd
-from prism.sim.run import SimInterrupted, SimResult, record_of
+from prism.sim.run import Replay, SimResult
 
 
 class _AdmissionProbe(Scheduler):
@@ -188,57 +184,26 @@ def simulate_cluster(spec: RunSpec, *, progress: bool = False,
                      served_reference: bool = False) -> SimResult:
     """Replay ``spec.trace`` through ``spec.cluster.instances`` engines behind ``spec.cluster.router``; as
     :func:`prism.sim.run.simulate` (records carry their instance)."""
-    wall0 = time.perf_counter()
-    trace, cfg = spec.trace, spec.cluster
-    env = simpy.Environment()
-    records: list[RequestRecord] = []
-    done = env.event()
-    total = len(trace.requests)
-    bar = tqdm(total=total, disable=not progress, unit="req", desc=spec.label, mininterval=0.25, leave=False)
-    served: list[Request] = []
-
-    def finisher(index: int) -> Callable[[Seq], None]:
-        def on_finish(seq: Seq) -> None:
-            records.append(record_of(seq, index))
-            if served_reference:
-                served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
-            if on_record is not None:
-                on_record(records[-1])
-            client.finished(seq)
-            bar.update(1)
-            if len(records) == total:
-                done.succeed()
-        return on_finish
-
+    cfg = spec.cluster
+    run = Replay(spec, progress, on_record, served_reference)
     capacity: dict[str, int] = {}  # per profile (checking a capacity against the trace reads every request)
     for i in range(cfg.instances):
         p = spec.profile_of(i)
         if p.name not in capacity:
             capacity[p.name] = kv_capacity(spec.engine, p, spec.trace, spec.trace_source)
     policy = make_router(cfg.router, spec.router_configs)
-    instances = [Instance(i, env, spec, capacity[spec.profile_of(i).name], finisher(i), policy.reads_queued_prefill)
+    instances = [Instance(i, run.env, spec, capacity[spec.profile_of(i).name], partial(run.finished, instance=i),
+                          policy.reads_queued_prefill)
                  for i in range(cfg.instances)]
-    router = RouterProcess(env, instances, policy, cfg.router_delay_s, cfg.view_interval_s)
-    client = Client(env, router, trace.requests, spec.engine.max_concurrency)
+    router = RouterProcess(run.env, instances, policy, cfg.router_delay_s, cfg.view_interval_s)
+    run.client = Client(run.env, router, spec.trace.requests, spec.engine.max_concurrency)
 
     def result(complete: bool) -> SimResult:
         counters: Counter = Counter()
         for inst in instances:
             counters.update(inst.counters())
         counters.update(router.policy.stats())
-        summary = run_summary(
-            spec, records, engine_kind="sim", kv_capacity_tokens=sum(i.capacity for i in instances),
-            counters=counters,
-            served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
-                                            if served_reference else None),
-            wall_s=time.perf_counter() - wall0, complete=complete,
-            cluster=instance_summary(spec, records, [(i.profile, i.capacity) for i in instances]))
-        return SimResult(records, summary, summary["counters"])
+        return run.result(counters, sum(i.capacity for i in instances), complete,
+                          cluster=instance_summary(spec, run.records, [(i.profile, i.capacity) for i in instances]))
 
-    try:
-        env.run(until=done)
-    except KeyboardInterrupt:
-        bar.close()
-        raise SimInterrupted(result(False), total) from None
-    bar.close()
-    return result(True)
+    return run.run(result)

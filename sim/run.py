@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import simpy
 
@@ -58,54 +58,69 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
         from prism.sim.cluster import simulate_cluster  # it builds on this module
 
         return simulate_cluster(spec, progress=progress, on_record=on_record, served_reference=served_reference)
-    wall0 = time.perf_counter()
-    trace = spec.trace
-    capacity = kv_capacity(spec.engine, spec.profile, trace, spec.trace_source)
+    run = Replay(spec, progress, on_record, served_reference)
+    capacity = kv_capacity(spec.engine, spec.profile, spec.trace, spec.trace_source)
     policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
-                             requests=trace.requests)
-    env = simpy.Environment()
-    records: list[RequestRecord] = []
-    done = env.event()
-    total = len(trace.requests)
-    bar = _progress_bar(total, spec.label) if progress else None
-
-    served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
-
-    def on_finish(seq: Seq) -> None:
-        records.append(record_of(seq))
-        if served_reference:
-            served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
-        if on_record is not None:
-            on_record(records[-1])
-        client.finished(seq)
-        if bar is not None:
-            bar.update(1)
-        if len(records) == total:
-            done.succeed()
-
-    eng = Engine(env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
-                 policies.hints, on_finish)
-    front = (FrontEnd(env, eng, policies.front_end, spec.deployment.window_s)
+                             requests=spec.trace.requests)
+    eng = Engine(run.env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
+                 policies.hints, run.finished)
+    front = (FrontEnd(run.env, eng, policies.front_end, spec.deployment.window_s)
              if policies.front_end is not None else None)
-    client = Client(env, front or eng, trace.requests, spec.engine.max_concurrency)
+    run.client = Client(run.env, front or eng, spec.trace.requests, spec.engine.max_concurrency)
+    return run.run(lambda complete: run.result(
+        {**eng.counters, **policies.stats(), **(front.counters if front else {})}, capacity, complete))
 
-    def result(complete: bool) -> SimResult:
-        counters = {**eng.counters, **policies.stats(), **(front.counters if front else {})}
+
+class Replay:
+    """What every simulated run shares, one engine or a cluster: the clock, the records of the requests as they
+    finish (streamed to ``on_record``), the progress bar, the prompts as served (for the served-order
+    reference), the summary, and running to the last finish or to Ctrl-C."""
+
+    def __init__(self, spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord], None] | None,
+                 served_reference: bool) -> None:
+        self.spec, self.on_record = spec, on_record
+        self.wall0 = time.perf_counter()
+        self.env = simpy.Environment()
+        self.records: list[RequestRecord] = []
+        self.done = self.env.event()
+        self.total = len(spec.trace.requests)
+        self.bar = _progress_bar(self.total, spec.label) if progress else None
+        # as the engines served them: final segment order; arrival = admission
+        self.served: list[Request] | None = [] if served_reference else None
+        self.client: Client | None = None  # set once the engines exist: it hands them the trace
+
+    def finished(self, seq: Seq, instance: int | None = None) -> None:
+        self.records.append(record_of(seq, instance))
+        if self.served is not None:
+            self.served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
+        if self.on_record is not None:
+            self.on_record(self.records[-1])
+        self.client.finished(seq)
+        if self.bar is not None:
+            self.bar.update(1)
+        if len(self.records) == self.total:
+            self.done.succeed()
+
+    def result(self, counters: Mapping[str, int], kv_capacity_tokens: int, complete: bool,
+               **extra: Any) -> SimResult:
+        served = self.served
         summary = run_summary(
-            spec, records, engine_kind="sim", kv_capacity_tokens=capacity, counters=counters,
+            self.spec, self.records, engine_kind="sim", kv_capacity_tokens=kv_capacity_tokens, counters=counters,
             served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
-                                            if served_reference else None),
-            wall_s=time.perf_counter() - wall0, complete=complete)
-        return SimResult(records, summary, summary["counters"])
+                                            if served is not None else None),
+            wall_s=time.perf_counter() - self.wall0, complete=complete, **extra)
+        return SimResult(self.records, summary, summary["counters"])
 
-    try:
-        env.run(until=done)
-    except KeyboardInterrupt:
-        raise SimInterrupted(result(False), total) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    return result(True)
+    def run(self, result: Callable[[bool], SimResult]) -> SimResult:
+        """Simulate to the last finish; Ctrl-C raises :class:`SimInterrupted` with ``result(False)``."""
+        try:
+            self.env.run(until=self.done)
+        except KeyboardInterrupt:
+            raise SimInterrupted(result(False), self.total) from None
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        return result(True)
 
 
 def _progress_bar(total: int, label: str):
