@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from prism.live.run import check_method
 
     for spec in specs:
-        check_method(spec)
+        check_method(spec, opts)
     out = prepare_out_dir(args.out, "--out")
     for name in ("validate.csv", "validate.json", "validate.png"):
         check_out_file(out / name, "--out")
