@@ -1,6 +1,7 @@
 """End to end on a real SGLang server (CPU, the 2-layer ``tiny`` geometry, dummy weights).
 
-* prism-live with ``--method prism`` and ``--method sglang`` on a 100-request trace that queues and evicts:
+* prism-live with ``--method prism`` (SGLang's admission) and ``--method sglang`` (``engine.admission: full``,
+  which never retracts) on a 100-request trace that queues and evicts:
   results in prism-sim's schema, hit tokens, and the plugin's counters from the scheduler process (QAS
   rounds, realignments, DART evictions by tier);
 * a server killed mid-run, and Ctrl-C: partial results, ``complete: false``, one line (exit status 1 and
@@ -15,6 +16,7 @@ Each server start costs 20-45 s on two cores; the module keeps to seven starts.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -48,12 +50,19 @@ def _processes_with(text: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("method", ["prism", "sglang"])
-def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, method, capsys):
+@pytest.mark.parametrize("method,admission", [("prism", "sglang"), ("sglang", "full")])
+def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, method, admission, capsys):
     out = tmp_path / method
-    assert live_main([*SMALL, "--method", method, "--qps", "200", "--out", str(out), "--port", "30131"]) == 0
+    assert live_main([*SMALL, "--method", method, "--qps", "200", "--out", str(out), "--port", "30131",
+                      "--set", f"engine.admission={admission}"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] and s["engine_kind"] == "sglang" and s["num_requests"] == 100
+    assert s["admission"] == admission and s["server_admission_env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] == "0.7"
+    # every request generated exactly its output length (the client checks it too), EOS banned or ignored
+    with (out / "requests.csv").open() as f:
+        assert [int(r["output_tokens"]) for r in csv.DictReader(f)] == [32] * 100  # zipf: output_len 32
+    if admission == "full":  # ignore_eos: SGLang reserves the whole remaining decode and never retracts
+        assert "retractions" not in s["counters"], s["counters"]
     assert s["hit_tokens"] > 0 and 0 < s["hit_rate"] < 1
     header = (out / "requests.csv").read_text().splitlines()[0].split(",")
     from prism.metrics import CSV_COLUMNS
