@@ -3,7 +3,8 @@
 A known name (any model of ``calibration/profiles/models.yaml``, ``tiny`` included) becomes a folder holding
 only a ``config.json`` with that model's real geometry, served with SGLang's ``--load-format dummy``: random
 weights, so the text is meaningless, but the model's real shapes, hence its timings and KV use (DESIGN §6).
-No tokenizer is needed either: the client sends token ids (``--skip-tokenizer-init``).
+No tokenizer is needed either: the client sends token ids (``--skip-tokenizer-init``). The model's EOS ids are
+read from its config too: the client bans them where SGLang must not ignore EOS (:mod:`prism.live.requests`).
 
 A path is a local model folder (a ``config.json`` beside real weights), loaded as SGLang loads any model.
 """
@@ -88,11 +89,12 @@ def resolve_model(spec: str, dtype: str = "bfloat16", root: Path | None = None) 
     m = profiles.model(spec)
     folder = (root or cache_dir()) / f"{m.key}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(hf_config(m, dtype), indent=2, sort_keys=True) + "\n"
+    config = hf_config(m, dtype)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     target = folder / "config.json"
     if not target.exists() or target.read_text() != text:
         write_atomic_text(target, text)
-    return ServedModel(folder, "dummy", m.vocab, m.context_length, m.key, eos_ids(folder, hf_config(m, dtype), m.vocab))
+    return ServedModel(folder, "dummy", m.vocab, m.context_length, m.key, eos_ids(folder, config, m.vocab))
 
 
 def eos_ids(folder: Path, config: dict, vocab: int) -> tuple[int, ...]:

@@ -172,7 +172,6 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     events = _Events(None)
     if opts.url:
         url = opts.url.rstrip("/")
-        env: dict[str, str] | None = None  # the server's own
     else:
         device = _device(opts)
         config = plugin_config(spec, opts, out)
@@ -222,10 +221,8 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
                                   wall_s=time.perf_counter() - wall0, complete=complete)
             summary.update({"model": served.name, "paced": opts.pace,
                             "dilation": dilation, "breakdown_from_server": server is not None,
-                            "admission": spec.engine.admission,
                             # SGLang's admission knobs as the server got them; null: a --url server's own
-                            "server_admission_env": {k: v for k, v in env.items() if k in admission_env(spec.engine)}
-                            if env is not None else None})
+                            "server_admission_env": admission_env(spec.engine) if server is not None else None})
             write_requests_csv(records, out / "requests.csv")
             write_json(summary, out / "summary.json")
     return summary

@@ -57,7 +57,7 @@ def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, m
                       "--set", f"engine.admission={admission}"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] and s["engine_kind"] == "sglang" and s["num_requests"] == 100
-    assert s["admission"] == admission and s["server_admission_env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] == "0.7"
+    assert s["engine"]["admission"] == admission and s["server_admission_env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] == "0.7"
     # every request generated exactly its output length (the client checks it too), EOS banned or ignored
     with (out / "requests.csv").open() as f:
         assert [int(r["output_tokens"]) for r in csv.DictReader(f)] == [32] * 100  # zipf: output_len 32
@@ -166,7 +166,7 @@ def test_paced_validate_with_retraction_agrees_with_the_simulator(tmp_path):
     assert rc == 0
     (row,) = json.loads((out / "validate.json").read_text())
     live = json.loads((out / "prism" / "qps12" / "live" / "summary.json").read_text())
-    assert live["admission"] == "sglang" and live["complete"]
+    assert live["engine"]["admission"] == "sglang" and live["complete"]
     assert live["server_admission_env"]["SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS"] == "20"
     c = live["counters"]
     # SGLang itself retracted (the plugin counts in its retract_decode), and the retracted requests came back
