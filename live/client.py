@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from prism.live.requests import LiveRequest
+from prism.live.requests import LiveRequest, length_params
 
 
 class ReplayError(RuntimeError):
@@ -51,7 +51,7 @@ def _parse_chunk(line: bytes) -> dict | None:
 
 
 async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, timeout: float,
-               limit: asyncio.Semaphore | None, extra: dict) -> ClientRecord:
+               limit: asyncio.Semaphore | None, extra: dict, length: Callable[[int], dict]) -> ClientRecord:
     import aiohttp
 
     delay = t0 + req.arrival * dilation - time.monotonic()
@@ -63,8 +63,7 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
         sent = time.monotonic()
         payload = {
             "input_ids": req.input_ids,
-            "sampling_params": {"max_new_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
-                                "custom_params": req.meta, **extra},
+            "sampling_params": {**length(req.output_len), "temperature": 0.0, "custom_params": req.meta, **extra},
             "stream": True,
             "rid": f"prism-{req.id}",
         }
@@ -88,6 +87,10 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
                 last = now
         if first < 0:
             raise ReplayError(f"request {req.id}: the stream ended without a token")
+        if int(meta.get("completion_tokens", 0)) != req.output_len:
+            reason = meta.get("finish_reason")
+            raise ReplayError(f"request {req.id}: the server generated {meta.get('completion_tokens')} of its "
+                              f"{req.output_len} output tokens (finish reason: {json.dumps(reason)})")
     finally:
         if limit is not None:
             limit.release()
@@ -99,7 +102,8 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
 
 async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, timeout: float,
                   max_concurrency: int | None, on_record: Callable[[ClientRecord], None],
-                  extra: dict, alive: Callable[[], str | None] | None, start: float | None) -> float:
+                  extra: dict, alive: Callable[[], str | None] | None, start: float | None,
+                  length: Callable[[int], dict]) -> float:
     import aiohttp
 
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -108,7 +112,7 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
     conn = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = start if start is not None else time.monotonic() + 0.05
-        tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra))
+        tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra, length))
                  for r in requests]
         pending = set(tasks)
         try:
@@ -136,9 +140,12 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
 def replay(url: str, requests: Sequence[LiveRequest], on_record: Callable[[ClientRecord], None],
            dilation: float = 1.0, timeout: float = 600.0, max_concurrency: int | None = None,
            extra_sampling: dict | None = None, alive: Callable[[], str | None] | None = None,
-           start: float | None = None) -> float:
+           start: float | None = None, admission: str = "full", eos_ids: tuple[int, ...] = ()) -> float:
     """Replay ``requests`` against ``url``; ``on_record`` sees each finished request. ``alive()`` is polled
     about once a second and returns a reason to stop (a crashed server) or None. ``start``: the replay's time
-    zero on the monotonic clock (default: now); returned, to align the server's event log."""
+    zero on the monotonic clock (default: now); returned, to align the server's event log. ``admission`` and
+    ``eos_ids`` decide how each request's output length is forced (:func:`~prism.live.requests.length_params`);
+    a request that ends at another length ends the replay."""
     return asyncio.run(_replay(url.rstrip("/"), requests, dilation, timeout, max_concurrency, on_record,
-                               extra_sampling or {}, alive, start))
+                               extra_sampling or {}, alive, start,
+                               lambda n: length_params(n, admission, eos_ids)))

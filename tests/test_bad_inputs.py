@@ -459,6 +459,11 @@ CASES = [
     ("trace-argparse-no-command", "trace", {}, [], "required"),
     # --- prism-live (flag validation only: no server starts) ---
     ("live-trace-garbage", "live", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
+    ("live-url-ratio-knob", "live", {}, ["--trace", "zipf", "--url", "http://127.0.0.1:9", "--set",
+                                         "engine.init_new_token_ratio=0.5"], "engine.init_new_token_ratio"),
+    ("validate-url-clip-knob", "live", {}, ["validate", "--trace", "zipf", "--methods", "sglang", "--qps", "5",
+                                            "--url", "http://127.0.0.1:9", "--set", "engine.clip_max_new_tokens=64"],
+     "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"),
 ]
 
 CASES += zipf_cases(ZIPF_CASES)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = spec_from_args(args)
     from prism.live.run import check_method
 
-    check_method(spec)
+    check_method(spec, opts)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
     from tqdm import tqdm
 
