@@ -5,7 +5,8 @@ every one of them byte-identical.
     python benchmarks/output_digests.py --check before.txt   # on the new one: exit 1 on any difference
 
 The set covers every scheduler at a light and a heavy load, the real-data workloads, an anchored eviction
-under a plain scheduler, and QAS with a longer signature on pages of 16 tokens.
+under a plain scheduler, QAS with a longer signature on pages of 16 tokens, a GPU-sized KV pool, and the LFU,
+DART-with-a-small-protection-set and Belady eviction keys under pressure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ RUNS: dict[str, list[str]] = {
     "fcfs+lru_active": ["--trace", "zipf", "--method", "fcfs+lru_active"],
     "qas-kappa2-page16": ["--trace", "zipf", "--method", "prism", "--set", "qas.kappa=2",
                           "--set", "engine.page_size=16"],
+    # a GPU-sized pool (the profile's), where the tree holds thousands of leaves between evictions
+    **{f"{m}-gpu-pool": ["--trace", "zipf", "--method", m, "--set", "engine.max_total_tokens=null"]
+       for m in ("prism", "sglang")},
+    # the other eviction keys under pressure: hit counts, a small protection set that churns, the oracle
+    "fcfs+lfu": ["--trace", "zipf", "--method", "fcfs+lfu"],
+    "prism-dart-f4": ["--trace", "zipf", "--method", "prism", "--set", "dart.f=4"],
+    "fcfs+belady": ["--trace", "zipf", "--method", "fcfs+belady", "--set", "trace.num_requests=500"],
 }
 
 

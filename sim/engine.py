@@ -167,7 +167,7 @@ class Engine:
         short = n - self._free()
         if short > 0:
             self.eviction.prepare(self.cache)
-            self.cache.evict(short, self.eviction.key, self._count_eviction)
+            self.cache.evict(short, self.eviction.key, self._count_eviction, self.eviction.lowered_keys())
             if self._free() < n:
                 raise RuntimeError("KV accounting error: eviction could not make room")
 
