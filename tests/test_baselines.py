@@ -183,3 +183,35 @@ def test_contextpilot_order_is_the_sort_of_its_placements(rounds, rebuild, size)
         taken = plan.order[:admit]
         cp.on_dispatch(taken, SchedContext(0.0, RadixCache(None)))
         waiting = list(plan.order[admit:])
+
+
+@settings(max_examples=100, deadline=None)
+@given(rounds=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=5), st.integers(0, 4),
+                                 st.sampled_from(["none", "front", "back", "swap"])), min_size=1, max_size=15))
+def test_fcfs_keeps_a_queue_in_arrival_order_and_sorts_one_that_is_not(rounds):
+    """FCFS checks only the arrivals of a queue it handed back, yet its order is always the stable sort by
+    arrival, whatever happens to the queue between rounds (requests put back at the front or the back)."""
+    fcfs, waiting, rid, t = FCFS(), [], 0, 0.0
+    for gaps, admit, change in rounds:
+        for g in gaps:  # arrivals at the back, some at equal times
+            t += g
+            waiting.append(W(rid, t, ["a"]))
+            rid += 1
+        if change == "front" and rid:
+            waiting.insert(0, W(rid, t + 1.0, ["a"]))
+            rid += 1
+        elif change == "back" and rid:
+            waiting.append(W(rid, -1.0, ["a"]))
+            rid += 1
+        elif change == "swap" and len(waiting) > 1:
+            waiting[0], waiting[-1] = waiting[-1], waiting[0]
+        expected = [r.id for r in sorted(waiting, key=lambda r: r.arrival)]
+        plan = fcfs.plan(waiting, SchedContext(0.0, RadixCache(None)))
+        assert [r.id for r in plan.order] == expected
+        taken = plan.order[:admit]
+        if taken:
+            fcfs.on_dispatch(taken, SchedContext(0.0, RadixCache(None)))
+        if plan.order is waiting:  # as the engine does
+            del waiting[:len(taken)]
+        else:
+            waiting = list(plan.order[len(taken):])
