@@ -84,6 +84,7 @@ class RadixCache:
         self._fresh: list[Node] = []
         self._lowered: set[str] | None = None
         self._tick = count()
+        self._pass_start = 0
 
     # ---------------------------------------------------------------- lookups
     def _lcp(self, a: bytes, b: bytes) -> int:
@@ -303,6 +304,7 @@ class RadixCache:
             self._lowered.update(lowered)
         if num_tokens <= 0:
             return 0
+        self._pass_start = next(self._tick)  # entries pushed from here on hold this pass's keys
         heap, tick = self._refresh(key), self._tick
         freed = 0
         root, pb = self.root, self._pb
@@ -344,11 +346,13 @@ class RadixCache:
 
     def _pop(self, key: Callable[[Node], tuple]) -> Node | None:
         """The candidate with the smallest (key, serial), off the heap; None when there is none."""
-        heap, tick = self._heap, self._tick
+        heap, tick, start = self._heap, self._tick, self._pass_start
         while heap:
-            k, serial, _, node = heapq.heappop(heap)
+            k, serial, pushed, node = heapq.heappop(heap)
             if node.lock_ref or node.children or node.parent is None:
                 continue  # locked, an inner node or evicted now: it is pushed again when it is a candidate
+            if pushed > start:  # keyed in this pass: nothing has touched it since
+                return node
             now = key(node)
             if now == k:
                 return node
