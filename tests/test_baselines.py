@@ -192,6 +192,8 @@ def test_contextpilot_order_is_the_sort_of_its_placements(rounds, rebuild, size)
 def test_fcfs_hands_back_the_queue_itself():
     """FCFS does not sort (as SGLang's): it hands the engine's queue back as it is, for the engine to drop
     the admitted head in place."""
+    from prism.policies.fcfs import FCFS
+
     queue = [W(i, float(5 - i), ["a"]) for i in range(5)]
     plan = FCFS().plan(queue, SchedContext(0.0, RadixCache(None)))
     assert plan.order is queue and [r.id for r in plan.order] == list(range(5))
