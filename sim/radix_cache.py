@@ -249,7 +249,7 @@ class RadixCache:
         if self._lowered is not None:
             fresh = self._fresh
             fresh.append(node)
-            if len(fresh) > 2 * len(self._leaves) + 1024:
+            if len(fresh) > 2 * len(self._leaves) + 64:
                 fresh.clear()
                 self._lowered = None
 
@@ -332,7 +332,7 @@ class RadixCache:
     def _refresh(self, key: Callable[[Node], tuple]) -> list[tuple]:
         """The candidate heap, brought up to this pass (see ``evict``)."""
         tick, heap = self._tick, self._heap
-        if self._lowered is None or len(heap) > 2 * len(self._leaves) + 1024:
+        if self._lowered is None or len(heap) > 2 * len(self._leaves) + 64:
             heap = self._heap = [(key(n), n.serial, next(tick), n) for n in self._leaves if n.lock_ref == 0]
             heapq.heapify(heap)
         else:
