@@ -298,12 +298,14 @@ class QAS(Scheduler):
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
         up, gone = changes(published, self._published)
-        out, names = self._published_by_name, self.table.segment_names
+        out, names, old = self._published_by_name, self.table.segment_names, self._published
         out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
         for i in gone.tolist():
             del out[names[i]]
+        was = up[up < len(old)]
+        fell = [names[i] for i in was[published[was] < old[was]].tolist()] + [names[i] for i in gone.tolist()]
         self._published = published
-        hints.publish(out)
+        hints.publish(out, fell)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
