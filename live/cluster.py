@@ -144,7 +144,7 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
             for c in counters:
                 for k, v in (c or {}).items():
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        total[k] = total.get(k, 0) + v
+                        total[k] = round(total.get(k, 0) + v, 6)
             if total.get("scheduler_cpu_ms"):  # a ratio: of the sums, not a sum of ratios
                 total["plugin_overhead"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_cpu_ms"], 5)
             for k, v in router.stats().items():
