@@ -12,28 +12,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sglang.srt.managers.scheduler")
 
 from prism.cli.live import main as live_main  # noqa: E402
+from test_live_server import _processes_with  # noqa: E402  (a run's server processes, by their environment)
 
 N = 40
-
-
-def _processes_with(text: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if text.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                    out.append(int(pid))
-            except OSError:
-                continue
-    return out
 
 
 @pytest.mark.parametrize("router,port", [("rr", 30151), ("lmetric", 30161)])
