@@ -104,9 +104,6 @@ def check_method(spec: RunSpec, opts: LiveOptions | None = None) -> None:
     if spec.deployment.mode != "in_engine":
         raise UserError(f"scheduler {spec.scheduler!r} is configured as a front end (window_s > 0); prism-live "
                         "runs schedulers inside SGLang's scheduler: set its window_s to 0")
-    if spec.cluster.instances > 1:
-        raise UserError(f"cluster.instances {spec.cluster.instances}: prism-live serves one SGLang server (several "
-                        "instances are simulator-only for now)", "cluster.instances")
 
 
 class _Events:
@@ -165,6 +162,10 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
              ) -> dict[str, Any]:
     """Serve ``spec`` live; write results into ``out`` as they come. Raises :class:`UserError` for bad input
     and :class:`ReplayError` (after writing the partial results) when the run breaks off."""
+    if spec.cluster.instances > 1:  # several servers behind the project's router
+        from prism.live.cluster import live_cluster_run
+
+        return live_cluster_run(spec, opts, out, progress)
     check_method(spec, opts)
     wall0 = time.perf_counter()
     served = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)

@@ -173,7 +173,10 @@ live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --pro
 live-pace-bogus                 | live          | --pace bogus | 'bogus'
 live-belady                     | live          | --eviction belady | simulator only
 live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
-live-cluster                    | live          | --set cluster.instances=2 | cluster.instances
+live-cluster-url                | live          | --instances 2 --url http://127.0.0.1:9 | --url
+live-cluster-port               | live          | --instances 3 --port 65534 | --port 65534
+live-cluster-router             | live          | --instances 2 --router nosuch | field 'router'
+live-cluster-zero               | live          | --instances 0 | instances
 sweep-instances-zero            | sim sweep     | --instances 0,4 | --instances
 sweep-instances-words           | sim sweep     | --instances a | --instances
 sweep-routers-unknown           | sim sweep     | --instances 2 --routers rr,magic | unknown router 'magic'
