@@ -21,7 +21,9 @@ How each point is measured (the cache is flushed with ``/flush_cache`` before ev
     context (same work: one token through every layer), measured from a streamed request's chunk times. So
     ``seconds = latency(C+N) − latency(1) + step(B=1)``: the fixed cost ``a_p`` stays in the data.
 
-* **decode** (batch B at prompt length L): B concurrent streamed requests of L distinct fresh tokens,
+* **decode** (batch B at prompt length L, for every B of ``--batch-sizes`` and every L of ``--decode-context``:
+  two or more lengths, so that the fit can tell the KV read, which grows with B·L, from the work per request,
+  which grows with B): B concurrent streamed requests of L distinct fresh tokens,
   ``max_new_tokens=K`` (``--decode-steps``), ``ignore_eos``. Chunk arrival times and the cumulative
   ``completion_tokens`` of every chunk are recorded; the window in which all B requests are decoding (after the
   last first chunk, before the first final chunk) is trimmed by an eighth at each end, and each request's step
@@ -64,7 +66,7 @@ class Plan:
     prefill_sizes: list[int] = field(default_factory=lambda: [128, 512, 2048])
     cached: list[int] = field(default_factory=lambda: [0, 1024])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
-    decode_context: int = 512
+    decode_context: list[int] = field(default_factory=lambda: [512, 2048])
     decode_steps: int = 32
     repeat: int = 3
     timing: str = "auto"  # auto | metrics | latency
@@ -309,9 +311,9 @@ class Measurer:
                             "fixed path dominates; use larger --prefill-sizes or a server with --enable-metrics)")
         return Row("prefill", 1, n_new, n_hit, None, med, secs)
 
-    def decode_once(self, batch: int) -> tuple[float, int]:
+    def decode_once(self, batch: int, L: int) -> tuple[float, int]:
         self.c.flush()
-        L, K = self.plan.decode_context, self.plan.decode_steps
+        K = self.plan.decode_steps
         prompts = [self.fresh(L) for _ in range(batch)]
         barrier = threading.Barrier(batch)
         results: list[list[tuple[float, int]] | None] = [None] * batch
@@ -339,8 +341,8 @@ class Measurer:
         step, generated = got
         return step, batch * (L + generated)
 
-    def decode_point(self, batch: int) -> Row:
-        runs = [self.decode_once(batch) for _ in range(self.plan.repeat)]
+    def decode_point(self, batch: int, context: int) -> Row:
+        runs = [self.decode_once(batch, context) for _ in range(self.plan.repeat)]
         secs = [r[0] for r in runs]
         ctx = int(statistics.median(r[1] for r in runs))
         return Row("decode", batch, None, None, ctx, statistics.median(secs), secs)
@@ -374,16 +376,17 @@ def check_plan(plan: Plan, facts: dict) -> None:
         raise UserError(f"--repeat must be >= 1, got {plan.repeat}")
     if plan.decode_steps < 8:
         raise UserError(f"--decode-steps must be >= 8, got {plan.decode_steps}")
-    if plan.decode_context < 1:
-        raise UserError(f"--decode-context must be >= 1, got {plan.decode_context}")
+    if len(set(plan.decode_context)) < 2:
+        raise UserError(f"--decode-context needs two or more prompt lengths (the fit tells the KV read from the "
+                        f"work per request by them), got {plan.decode_context}")
     if isinstance(cap, int) and cap > 0:
         need = max(plan.prefill_sizes) + max(plan.cached) + 2
         if need > cap:
             raise UserError(f"the largest prefill point needs {need} KV tokens; the server holds {cap} "
                             "(--max-total-tokens)")
-        need = max(plan.batch_sizes) * (plan.decode_context + plan.decode_steps + 1)
+        need = max(plan.batch_sizes) * (max(plan.decode_context) + plan.decode_steps + 1)
         if need > cap:
-            raise UserError(f"decode batch {max(plan.batch_sizes)} × ({plan.decode_context} + "
+            raise UserError(f"decode batch {max(plan.batch_sizes)} × ({max(plan.decode_context)} + "
                             f"{plan.decode_steps}) tokens needs {need} KV tokens; the server holds {cap}")
     chunk = facts.get("chunked_prefill_size")
     if isinstance(chunk, int) and chunk > 0 and max(plan.prefill_sizes) > chunk:
@@ -421,10 +424,11 @@ def measure(url: str, plan: Plan, vocab: int | None = None, seed: int = 0,
             r = m.prefill_point(n, c)
             log(f"prefill N={n} C={c}: {r.seconds * 1e3:.3f} ms (hit {r.cached_tokens})")
             rows.append(r)
-    for b in plan.batch_sizes:
-        r = m.decode_point(b)
-        log(f"decode B={b} ctx={r.context_tokens}: {r.seconds * 1e3:.3f} ms/step")
-        rows.append(r)
+    for L in plan.decode_context:
+        for b in plan.batch_sizes:
+            r = m.decode_point(b, L)
+            log(f"decode B={b} L={L} ctx={r.context_tokens}: {r.seconds * 1e3:.3f} ms/step")
+            rows.append(r)
     client.flush()
     return rows, {"timing": m.mode, "fixed_path_s": m.fixed_path, "vocab": vocab, "vocab_source": vocab_src}
 

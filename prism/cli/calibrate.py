@@ -46,7 +46,9 @@ def parser() -> argparse.ArgumentParser:
     me.add_argument("--prefill-sizes", default="128,512,2048", help="new tokens per prefill point")
     me.add_argument("--cached", default="0,1024", help="cached-prefix lengths of the prefill points")
     me.add_argument("--batch-sizes", default="1,8,32", help="decode batch sizes")
-    me.add_argument("--decode-context", type=int, default=512, help="prompt length of each decode request")
+    me.add_argument("--decode-context", default="512,2048",
+                    help="prompt lengths of the decode requests (two or more: the fit separates the KV read from "
+                    "the work per request by them)")
     me.add_argument("--decode-steps", type=int, default=32, help="max_new_tokens of each decode request")
     me.add_argument("--repeat", type=int, default=3, help="runs per point (the median is kept)")
     me.add_argument("--vocab", type=int, help="vocabulary size (default: the server model's config.json, else "
@@ -176,7 +178,8 @@ def do_measure(args) -> None:
         prefill_sizes=measuring.parse_sizes(args.prefill_sizes, "--prefill-sizes", 1),
         cached=measuring.parse_sizes(args.cached, "--cached", 0),
         batch_sizes=measuring.parse_sizes(args.batch_sizes, "--batch-sizes", 1),
-        decode_context=args.decode_context, decode_steps=args.decode_steps, repeat=args.repeat,
+        decode_context=measuring.parse_sizes(args.decode_context, "--decode-context", 1),
+        decode_steps=args.decode_steps, repeat=args.repeat,
         timing=args.timing, timeout_s=args.timeout)
     measuring.check_url(args.url)
     if not 0 < args.timeout < float("inf"):
