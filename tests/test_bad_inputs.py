@@ -171,7 +171,6 @@ live-model-missing-folder       | live          | --model /nonexistent/model | /
 live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --profile h100-sxm-80g:qwen3-8b | disagree
 live-pace-bogus                 | live          | --pace bogus | 'bogus'
 live-belady                     | live          | --eviction belady | simulator only
-live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
 live-qps-inf                    | live          | --qps inf | field 'qps'
 live-unused-knobs               | live          | --set qas.q_cold=4 | section 'qas'
 live-argparse-port              | live          | --port x | --port
