@@ -325,7 +325,8 @@ def _hold(st: LiveState, req, retracted: bool) -> bool:
 @_plugin_time
 def _release_windows(st: LiveState, sched) -> None:
     enqueue = st.enqueue
-    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req))
+    idle = bool(getattr(sched, "_sched_idled", False))  # the last loop iteration ran no batch
+    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle)
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
