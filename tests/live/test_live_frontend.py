@@ -127,7 +127,7 @@ def _windows(seed: int):
             dict(live_pol.hints.priority), front.counters["frontend_windows"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6))
 def test_live_front_end_forms_and_releases_the_simulators_windows(seed):
     sim, live, p_sim, p_live, sim_windows = _windows(seed)
