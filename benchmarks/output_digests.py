@@ -5,7 +5,8 @@ every one of them byte-identical.
     python benchmarks/output_digests.py --check before.txt   # on the new one: exit 1 on any difference
 
 The set covers every scheduler at a light and a heavy load, the real-data workloads, an anchored eviction
-under a plain scheduler, and QAS with a longer signature on pages of 16 tokens.
+under a plain scheduler, QAS with a longer signature on pages of 16 tokens, a GPU-sized KV pool, and the LFU,
+DART-with-a-small-protection-set and Belady eviction keys under pressure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,20 @@ RUNS: dict[str, list[str]] = {
     "fcfs+lru_active": ["--trace", "zipf", "--method", "fcfs+lru_active"],
     "qas-kappa2-page16": ["--trace", "zipf", "--method", "prism", "--set", "qas.kappa=2",
                           "--set", "engine.page_size=16"],
+    # the default pool is GPU-sized: the profile's, where the tree holds thousands of leaves between evictions
+    **{f"{m}-gpu-pool": ["--trace", "zipf", "--method", m, "--set", "engine.max_total_tokens=null"]
+       for m in ("prism", "sglang")},
+    # a small pool: eviction under pressure, and SGLang's retraction
+    **{f"{m}-pool32k": ["--trace", "zipf", "--method", m, "--set", "engine.max_total_tokens=32768"]
+       for m in ("prism", "sglang", "klpm", "contextpilot")},
+    "prism-in-engine-pool32k": ["--trace", "zipf", "--method", "prism", "--set", "qas.window_s=0",
+                                "--set", "engine.max_total_tokens=32768"],
+    # the other eviction keys under pressure: hit counts, a small protection set that churns, the oracle
+    "fcfs+lfu": ["--trace", "zipf", "--method", "fcfs+lfu", "--set", "engine.max_total_tokens=32768"],
+    "prism-dart-f4": ["--trace", "zipf", "--method", "prism", "--set", "dart.f=4",
+                      "--set", "engine.max_total_tokens=32768"],
+    "fcfs+belady": ["--trace", "zipf", "--method", "fcfs+belady", "--set", "trace.num_requests=500",
+                    "--set", "engine.max_total_tokens=32768"],
 }
 
 

@@ -17,13 +17,25 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
-from prism.live.requests import LiveRequest
+from prism.live.requests import LiveRequest, length_params
 
 
 class ReplayError(RuntimeError):
     pass
+
+
+class Dispatch(Protocol):
+    """Where each request goes, for a replay against several servers (``live/cluster.py``): ``pick`` is called
+    when the request is sent and returns the chosen server's URL; ``first_token`` when its first token arrives;
+    ``done`` when its stream ends, however it ends."""
+
+    def pick(self, req: LiveRequest) -> str: ...
+
+    def first_token(self, rid: int) -> None: ...
+
+    def done(self, rid: int) -> None: ...
 
 
 @dataclass
@@ -51,7 +63,8 @@ def _parse_chunk(line: bytes) -> dict | None:
 
 
 async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, timeout: float,
-               limit: asyncio.Semaphore | None, extra: dict) -> ClientRecord:
+               limit: asyncio.Semaphore | None, extra: dict, length: Callable[[int], dict],
+               dispatch: Dispatch | None = None) -> ClientRecord:
     import aiohttp
 
     delay = t0 + req.arrival * dilation - time.monotonic()
@@ -59,12 +72,14 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
         await asyncio.sleep(delay)
     if limit is not None:
         await limit.acquire()
+    picked = False
     try:
         sent = time.monotonic()
+        if dispatch is not None:
+            url, picked = dispatch.pick(req), True
         payload = {
             "input_ids": req.input_ids,
-            "sampling_params": {"max_new_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0,
-                                "custom_params": req.meta, **extra},
+            "sampling_params": {**length(req.output_len), "temperature": 0.0, "custom_params": req.meta, **extra},
             "stream": True,
             "rid": f"prism-{req.id}",
         }
@@ -85,10 +100,18 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
                 meta = chunk.get("meta_info", meta)
                 if first < 0 and meta.get("completion_tokens", 0) >= 1:
                     first = now
+                    if dispatch is not None:
+                        dispatch.first_token(req.id)
                 last = now
         if first < 0:
             raise ReplayError(f"request {req.id}: the stream ended without a token")
+        if int(meta.get("completion_tokens", 0)) != req.output_len:
+            reason = meta.get("finish_reason")
+            raise ReplayError(f"request {req.id}: the server generated {meta.get('completion_tokens')} of its "
+                              f"{req.output_len} output tokens (finish reason: {json.dumps(reason)})")
     finally:
+        if picked:
+            dispatch.done(req.id)
         if limit is not None:
             limit.release()
     d = dilation
@@ -99,7 +122,8 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
 
 async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, timeout: float,
                   max_concurrency: int | None, on_record: Callable[[ClientRecord], None],
-                  extra: dict, alive: Callable[[], str | None] | None, start: float | None) -> float:
+                  extra: dict, alive: Callable[[], str | None] | None, start: float | None,
+                  length: Callable[[int], dict], dispatch: Dispatch | None = None) -> float:
     import aiohttp
 
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -108,7 +132,7 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
     conn = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = start if start is not None else time.monotonic() + 0.05
-        tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra))
+        tasks = [asyncio.create_task(_one(session, url, r, t0, dilation, timeout, limit, extra, length, dispatch))
                  for r in requests]
         pending = set(tasks)
         try:
@@ -136,9 +160,14 @@ async def _replay(url: str, requests: Sequence[LiveRequest], dilation: float, ti
 def replay(url: str, requests: Sequence[LiveRequest], on_record: Callable[[ClientRecord], None],
            dilation: float = 1.0, timeout: float = 600.0, max_concurrency: int | None = None,
            extra_sampling: dict | None = None, alive: Callable[[], str | None] | None = None,
-           start: float | None = None) -> float:
+           start: float | None = None, admission: str = "full", eos_ids: tuple[int, ...] = (),
+           dispatch: Dispatch | None = None) -> float:
     """Replay ``requests`` against ``url``; ``on_record`` sees each finished request. ``alive()`` is polled
     about once a second and returns a reason to stop (a crashed server) or None. ``start``: the replay's time
-    zero on the monotonic clock (default: now); returned, to align the server's event log."""
+    zero on the monotonic clock (default: now); returned, to align the server's event log. ``admission`` and
+    ``eos_ids`` decide how each request's output length is forced (:func:`~prism.live.requests.length_params`);
+    a request that ends at another length ends the replay. ``dispatch``: send each request to the server it
+    picks instead of ``url`` (several servers behind a router)."""
     return asyncio.run(_replay(url.rstrip("/"), requests, dilation, timeout, max_concurrency, on_record,
-                               extra_sampling or {}, alive, start))
+                               extra_sampling or {}, alive, start,
+                               lambda n: length_params(n, admission, eos_ids), dispatch))

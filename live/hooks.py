@@ -18,7 +18,8 @@ counters. The hooks, in the order of one scheduler iteration:
 * ``Scheduler.run_batch`` (around): paces the forward pass and logs each request's prefill start and end;
 * ``Scheduler.process_batch_result`` (around): with ``get_next_batch_to_run``, SGLang's own scheduling CPU
   time, against which prism's is measured (DESIGN §6's overhead budget);
-* ``ScheduleBatch.retract_decode`` (after): counts retractions;
+* ``ScheduleBatch.retract_decode`` (after): counts retractions and the output tokens they drop; a retracted
+  request's new admission counts its re-prefilled and re-hit tokens (the simulator's counters);
 * ``Scheduler.get_internal_state`` (after): the counters appear in ``GET /server_info`` under
   ``internal_states[0].prism``, proof that the policies ran in the scheduler process.
 
@@ -165,8 +166,13 @@ class LiveState:
             for r in seq.shared_ids():
                 self.hints.active[r] += 1
             self.eviction.on_admit(seq)
-            self._count_hit(req)
-            if not seq.lane:  # a front end labelled it already
+            if len(req.output_ids):  # retracted earlier: prefilled again with its output (the simulator's counters)
+                hit = int(req.prefix_len)
+                self.counters["reprefill_hit_tokens"] += hit
+                self.counters["reprefilled_tokens"] += len(req.full_untruncated_fill_ids) - hit
+            else:  # hits by tier of first admissions, as the request's reported hit
+                self._count_hit(req)
+            if not seq.lane:  # a front end labelled it; a retracted request keeps its first lane (as simulated)
                 seq.lane = self.plan.lane(seq.id) if self.plan is not None and not self.native else DEFAULT_LANE
             self.counters[f"admitted_{seq.lane}_lane"] += 1
             self.counters["front_alignment_moves"] += seq.realigned
@@ -215,7 +221,7 @@ class LiveState:
         if self._events is not None and batch.forward_mode.is_extend():
             for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
                 seq = getattr(req, "_prism", None)
-                if seq is None:
+                if seq is None or len(req.output_ids):  # a retracted request's new prefill: its first one counts
                     continue
                 first = self._starts.setdefault(seq.id, start)
                 if pre + ext >= len(req.origin_input_ids):
@@ -389,7 +395,13 @@ def around_run_batch(orig, sched, batch, *args, **kwargs):
 
 
 def after_retract(result, batch, *args, **kwargs):
-    state().counters["retractions"] += len(result[0])
+    """SGLang retracted ``result[0]`` (their KV freed, back in the waiting queue with their output): counted
+    under the simulator's names. A retracted request keeps its output, so it is never realigned again
+    (:meth:`LiveSeq.movable`); the cache's ``on_release`` already took it out of the active counts."""
+    retracted = result[0]
+    counters = state().counters
+    counters["retractions"] += len(retracted)
+    counters["retracted_output_tokens"] += sum(len(r.output_ids) for r in retracted)
     return None
 
 

@@ -3,7 +3,8 @@
 A known name (any model of ``calibration/profiles/models.yaml``, ``tiny`` included) becomes a folder holding
 only a ``config.json`` with that model's real geometry, served with SGLang's ``--load-format dummy``: random
 weights, so the text is meaningless, but the model's real shapes, hence its timings and KV use (DESIGN §6).
-No tokenizer is needed either: the client sends token ids (``--skip-tokenizer-init``).
+No tokenizer is needed either: the client sends token ids (``--skip-tokenizer-init``). The model's EOS ids are
+read from its config too: the client bans them where SGLang must not ignore EOS (:mod:`prism.live.requests`).
 
 A path is a local model folder (a ``config.json`` beside real weights), loaded as SGLang loads any model.
 """
@@ -32,6 +33,7 @@ class ServedModel:
     vocab_size: int
     context_length: int
     name: str
+    eos_ids: tuple[int, ...] = ()  # the token ids at which SGLang ends a request that does not ignore EOS
 
 
 def hf_config(m: profiles.Model, dtype: str = "bfloat16") -> dict:
@@ -82,12 +84,31 @@ def resolve_model(spec: str, dtype: str = "bfloat16", root: Path | None = None) 
             raise UserError("config.json has no usable vocab_size", str(config_file))
         context = config.get("max_position_embeddings", 4096)
         has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
-        return ServedModel(path, "auto" if has_weights else "dummy", vocab, int(context), path.name)
+        return ServedModel(path, "auto" if has_weights else "dummy", vocab, int(context), path.name,
+                           eos_ids(path, config, vocab))
     m = profiles.model(spec)
     folder = (root or cache_dir()) / f"{m.key}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(hf_config(m, dtype), indent=2, sort_keys=True) + "\n"
+    config = hf_config(m, dtype)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     target = folder / "config.json"
     if not target.exists() or target.read_text() != text:
         write_atomic_text(target, text)
-    return ServedModel(folder, "dummy", m.vocab, m.context_length, m.key)
+    return ServedModel(folder, "dummy", m.vocab, m.context_length, m.key, eos_ids(folder, config, m.vocab))
+
+
+def eos_ids(folder: Path, config: dict, vocab: int) -> tuple[int, ...]:
+    """The end-of-sequence ids SGLang stops at: ``eos_token_id`` of ``config.json`` and of a
+    ``generation_config.json`` beside it (an int or a list each), those inside the vocabulary, sorted."""
+    found: set[int] = set()
+    sources = [config]
+    try:
+        sources.append(json.loads((folder / "generation_config.json").read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    for source in sources:
+        value = source.get("eos_token_id") if isinstance(source, dict) else None
+        for t in value if isinstance(value, list) else [value]:
+            if isinstance(t, int) and 0 <= t < vocab:
+                found.add(t)
+    return tuple(sorted(found))

@@ -12,6 +12,17 @@ the simulator's tree shares. A trace with more segments than the vocabulary can 
 nesting there, so each field is its own ``prism_*`` key): segment ids, kinds and token ends of the prompt in
 trace order, and whether the reusable segments may be moved. The plugin
 rebuilds the prompt's layout from it and applies a scheduler's realignment by permuting whole segments.
+
+**Output length and KV admission** (:func:`length_params`). Every request must generate exactly its trace's
+``output_len`` tokens (random weights stop anywhere otherwise), and how SGLang reserves decode KV depends on
+how the length is forced. With ``ignore_eos`` SGLang counts a running request's whole remaining decode
+(ratio 1, ``schedule_policy.py`` ``_get_running_request_total_token_offset``): ``engine.admission: full``.
+Otherwise it counts the remaining decode x its decaying ``new_token_ratio`` and retracts when a decode step
+runs out of KV: ``engine.admission: sglang``. ``min_new_tokens`` would force the length, but SGLang refuses it
+without a tokenizer (``--skip-tokenizer-init``, ``sampling_params.py`` ``raise_if_tokenizer_required``), so
+the client bans the model's EOS ids instead (``logit_bias`` -1e9, applied to the logits before sampling):
+with no other stop condition, the request runs to ``max_new_tokens``. The client checks every request's
+completion length.
 """
 
 from __future__ import annotations
@@ -27,6 +38,20 @@ from prism.traces.trace import Trace
 
 #: custom_params keys the plugin reads (SGLang reserves some names: ours share a prefix)
 META_KEYS = ("prism_request", "prism_ids", "prism_kinds", "prism_ends", "prism_movable")
+#: the bias that keeps an EOS id from ever being sampled (a logit of the order of -1e9 loses every argmax and
+#: has probability 0 in float32 softmax; JSON cannot carry -inf)
+EOS_BAN = -1e9
+
+
+def length_params(output_len: int, admission: str, eos_ids: tuple[int, ...]) -> dict[str, Any]:
+    """The sampling parameters that make SGLang generate exactly ``output_len`` tokens under the run's
+    ``engine.admission`` (``full``: ``ignore_eos``; ``sglang``: EOS banned, so SGLang applies its ratio)."""
+    if admission == "full":
+        return {"max_new_tokens": output_len, "ignore_eos": True}
+    params: dict[str, Any] = {"max_new_tokens": output_len, "ignore_eos": False}
+    if eos_ids:
+        params["logit_bias"] = {str(t): EOS_BAN for t in eos_ids}
+    return params
 
 
 @dataclass(frozen=True)

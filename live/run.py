@@ -31,7 +31,7 @@ from prism.live.client import ClientRecord, ReplayError, replay
 from prism.live.hooks import BACKEND, CONFIG_ENV, NATIVE_SCHEDULERS
 from prism.live.model import resolve_model
 from prism.live.requests import live_requests
-from prism.live.server import Server, flush_cache, http_json, wait_healthy
+from prism.live.server import Server, admission_env, check_attachable, flush_cache, http_json, wait_healthy
 
 ENGINE_KIND = "sglang"
 #: a live run's files: prism-sim's, the server's log and the plugin's (removed before a run starts)
@@ -97,7 +97,10 @@ def server_args(spec: RunSpec, opts: LiveOptions, model_path: Path, load_format:
     return args
 
 
-def check_method(spec: RunSpec) -> None:
+def check_method(spec: RunSpec, opts: LiveOptions | None = None) -> None:
+    """Refuse what a live run cannot do, before any server starts."""
+    if opts is not None and opts.url:
+        check_attachable(spec.engine)
     if spec.eviction == "belady":
         raise UserError("eviction 'belady' is an offline reference that knows the future: simulator only")
 
@@ -158,7 +161,11 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
              ) -> dict[str, Any]:
     """Serve ``spec`` live; write results into ``out`` as they come. Raises :class:`UserError` for bad input
     and :class:`ReplayError` (after writing the partial results) when the run breaks off."""
-    check_method(spec)
+    if spec.cluster.instances > 1:  # several servers behind the project's router
+        from prism.live.cluster import live_cluster_run
+
+        return live_cluster_run(spec, opts, out, progress)
+    check_method(spec, opts)
     wall0 = time.perf_counter()
     served = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
     reqs = live_requests(spec.trace, served.vocab_size, served.context_length, spec.trace_source or "trace")
@@ -172,7 +179,8 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
         device = _device(opts)
         config = plugin_config(spec, opts, out)
         write_atomic_text(out / "plugin.json", json.dumps(config, indent=2))
-        env = {CONFIG_ENV: str((out / "plugin.json").resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0"}
+        env = {CONFIG_ENV: str((out / "plugin.json").resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0",
+               **admission_env(spec.engine)}
         if device == "cpu":
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         server = Server(server_args(spec, opts, served.path, served.load_format, device), env,
@@ -200,7 +208,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
 
         replay(url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
                     max_concurrency=spec.engine.max_concurrency, alive=server.dead if server else None,
-                    start=t_start)
+                    start=t_start, admission=spec.engine.admission, eos_ids=served.eos_ids)
         complete = True
     finally:
         stream.close()
@@ -215,7 +223,9 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
                                             if isinstance(v, (int, float))},
                                   wall_s=time.perf_counter() - wall0, complete=complete)
             summary.update({"model": served.name, "paced": opts.pace,
-                            "dilation": dilation, "breakdown_from_server": server is not None})
+                            "dilation": dilation, "breakdown_from_server": server is not None,
+                            # SGLang's admission knobs as the server got them; null: a --url server's own
+                            "server_admission_env": admission_env(spec.engine) if server is not None else None})
             write_requests_csv(records, out / "requests.csv")
             write_json(summary, out / "summary.json")
     return summary

@@ -1,5 +1,9 @@
 """Starting, watching and stopping an SGLang server process.
 
+The server's KV admission knobs are environment variables read by SGLang at start
+(:func:`admission_env`, from the run's :class:`~prism.settings.EngineConfig`): a server that prism did not
+start keeps its own (:func:`check_attachable` refuses a run that sets them).
+
 The server runs in its own process group (``python -m sglang.launch_server`` starts a tokenizer manager, a
 scheduler and a detokenizer), with its output in a log file. Stopping sends SIGTERM to the whole group, waits,
 then SIGKILL: no orphan process survives a finished, failed or interrupted run.
@@ -19,6 +23,32 @@ from pathlib import Path
 from typing import Sequence
 
 from prism.errors import UserError
+from prism.settings import EngineConfig
+
+#: EngineConfig field -> the environment variable of SGLang 0.5.23 (``srt/environ.py``) that sets it
+ADMISSION_ENV = {
+    "init_new_token_ratio": "SGLANG_INIT_NEW_TOKEN_RATIO",
+    "min_new_token_ratio_factor": "SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR",
+    "new_token_ratio_decay_steps": "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS",
+    "retract_decode_steps": "SGLANG_RETRACT_DECODE_STEPS",
+    "clip_max_new_tokens": "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION",
+}
+
+
+def admission_env(engine: EngineConfig) -> dict[str, str]:
+    """SGLang's admission and retraction knobs of a run as the server's environment (``repr`` keeps a float
+    exact; ``schedule_conservativeness`` stays 1, so the initial ratio is the knob itself)."""
+    return {var: repr(getattr(engine, name)) for name, var in ADMISSION_ENV.items()}
+
+
+def check_attachable(engine: EngineConfig, where: str = "settings") -> None:
+    """A server given by ``--url`` was started with its own environment: refuse a run that changes an
+    admission knob from SGLang's default (the server would silently not honour it)."""
+    default = EngineConfig()
+    for name, var in ADMISSION_ENV.items():
+        if getattr(engine, name) != getattr(default, name):
+            raise UserError(f"engine.{name}: a server given by --url keeps its own {var}; start that server with "
+                            f"{var}={getattr(engine, name)!r} and leave the setting at its default", where)
 
 
 def http_json(url: str, payload: dict | None = None, timeout: float = 10.0) -> object:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from prism.core import PRIV, REUSE, SYS, Segment
 
@@ -72,15 +72,29 @@ class DemandHints:
     segments without demand are absent).
     ``version`` increases with every publication so that a policy can cache derived sets. A publisher may
     update one mapping in place from publication to publication (QAS does): read it, don't keep it.
+    ``fell``: the segments whose priority fell since the last :meth:`take_fell` (None: unknown, any may have),
+    so that an eviction policy re-keys only their nodes.
     """
 
     active: Counter = field(default_factory=Counter)
     priority: Mapping[str, float] = field(default_factory=dict)
     version: int = 0
+    fell: set[str] | None = field(default_factory=set)
 
-    def publish(self, priority: Mapping[str, float]) -> None:
+    def publish(self, priority: Mapping[str, float], fell: Iterable[str] | None = None) -> None:
+        """Publish P̂; ``fell``: the ids whose value is below the last publication's (absent counts as 0;
+        None: unknown)."""
         self.priority = priority
         self.version += 1
+        if fell is None:
+            self.fell = None
+        elif self.fell is not None:
+            self.fell.update(fell)
+
+    def take_fell(self) -> set[str] | None:
+        """The segments whose priority fell since the last call (None: unknown), and start a new record."""
+        out, self.fell = self.fell, set()
+        return out
 
 
 @dataclass
@@ -150,6 +164,15 @@ class EvictionPolicy:
 
     def key(self, node: NodeView) -> tuple:
         raise NotImplementedError
+
+    def lowered_keys(self) -> Collection[str] | None:
+        """Called before each eviction pass, after :meth:`prepare`: the sys/reusable segment ids whose nodes'
+        keys may have *decreased* since the last call (None: any node's key may have changed).
+
+        A cache may keep its candidates ordered between passes and re-key a node lazily when it surfaces,
+        which is exact as long as no key falls unreported; keys that only grow (access times, hit counts)
+        need no report. The default reports everything: a policy that says nothing is re-keyed in full."""
+        return None
 
     def tier(self, node: NodeView) -> str:
         return tier_of(node)

@@ -41,6 +41,7 @@ class DART(EvictionPolicy):
         self.protected: frozenset[str] = frozenset()
         self._version = -1
         self._hinted = False  # whether QAS has published priorities (else: plain LRU)
+        self._keyed: tuple[bool, frozenset[str]] | None = None  # (_hinted, protected) at the last pass
 
     def prepare(self, cache: ResidentIndex) -> None:
         """F = the top-f resident segments by P̂, ties by id (recomputed when P̂ or residency changes)."""
@@ -66,6 +67,20 @@ class DART(EvictionPolicy):
         if node.seg_id in self.protected:
             return (2, node.last_access_time)
         return (1, self.hints.priority.get(node.seg_id, 0.0), node.last_access_time)
+
+    def lowered_keys(self) -> set[str] | None:
+        """Segments outside F whose P̂ fell (as QAS reports it), and those that left F, since the last pass;
+        None when the key's form changed (hints appeared or vanished) or QAS did not say what fell. Access
+        times only grow, entering F only raises a key, and a protected node's key does not read P̂."""
+        fell = self.hints.take_fell()
+        keyed, self._keyed = self._keyed, (self._hinted, self.protected)
+        if keyed is None or keyed[0] != self._hinted:
+            return None
+        if not self._hinted:
+            return set()  # plain LRU
+        if fell is None:
+            return None
+        return (fell - self.protected) | (keyed[1] - self.protected)
 
     def tier(self, node: NodeView) -> str:
         if node.kind == PRIV:

@@ -4,11 +4,16 @@ Out of every k admissions, one goes to the oldest waiting request and k-1 to the
 cached prefix (greedily, against the cache as it is at the start of the round). k=1 is FCFS; as k grows it
 becomes LPM. The admission count carries across rounds, so the FCFS share holds however the engine's
 budgets cut each batch: the last of every k admissions is the FCFS one.
+
+Cost per round: a prefix match per waiting request and two sorts (C-level keys); the picks are made only for
+the ``batch_hint`` requests the engine can admit this round (the rest follow in FIFO order: the next round
+picks afresh from the cache as it is then).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Sequence
 
 from prism.config import positive
@@ -28,24 +33,30 @@ class KLPM(Scheduler):
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         k = self.config.k
-        fifo = sorted(waiting, key=lambda r: (r.arrival, r.id))
-        matched = {r.id: ctx.cache.match_len(r.key) for r in waiting}
-        by_hit = sorted(fifo, key=lambda r: -matched[r.id])  # stable: older first among equal hits
-        taken: set[int] = set()
-        order, cold = [], set()
+        fifo = sorted(waiting, key=attrgetter("arrival", "id"))
+        match_len = ctx.cache.match_len
+        hits = [match_len(r.key) for r in fifo]
+        by_hit = sorted(range(len(fifo)), key=hits.__getitem__, reverse=True)  # stable: older first among equals
+        taken = [False] * len(fifo)
+        order, cold = [], []
         fi = hi = 0
-        for slot in range(len(waiting)):
+        # the engine admits at most batch_hint requests this round, and the next round picks afresh: past them
+        # the queue follows in FIFO order
+        slots = min(len(fifo), ctx.batch_hint) if ctx.batch_hint > 0 else len(fifo)
+        for slot in range(slots):
             if (self.admitted + slot) % k == k - 1:
-                while fifo[fi].id in taken:
+                while taken[fi]:
                     fi += 1
-                pick = fifo[fi]
-                cold.add(pick.id)
+                pick = fi
+                cold.append(fifo[pick].id)
             else:
-                while by_hit[hi].id in taken:
+                while taken[by_hit[hi]]:
                     hi += 1
                 pick = by_hit[hi]
-            taken.add(pick.id)
-            order.append(pick)
+            taken[pick] = True
+            order.append(fifo[pick])
+        if slots < len(fifo):
+            order += [r for r, t in zip(fifo, taken) if not t]
         return Plan(order, lanes=dict.fromkeys(cold, "cold"))
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:

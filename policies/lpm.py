@@ -50,7 +50,7 @@ class LPM(Scheduler):
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:
-            return Plan(list(waiting))
+            return Plan(waiting if isinstance(waiting, list) else list(waiting))  # the queue itself: no copy
         cache = ctx.cache
         matched = {r.id: cache.match_len(r.key) for r in waiting}
         deferred = self._deprioritized(waiting, matched)
@@ -70,7 +70,7 @@ class DFSWeight(LPM):
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:
-            return Plan(list(waiting))
+            return Plan(waiting if isinstance(waiting, list) else list(waiting))  # the queue itself: no copy
         root = (0, 0)
         ends = []  # per request: the matched path and length
         cuts: dict[int, set[int]] = defaultdict(set)  # node place -> depths where a match ends inside it

@@ -7,10 +7,15 @@ policy with knobs has a config dataclass, filled from the YAML/``--set`` section
 The registry also says how a scheduler is *deployed* (:class:`Deployment`): inside the engine, ordering its
 waiting queue, or as an admission front end that orders each window of arrivals before an unmodified FCFS
 engine. An engine runs whatever :func:`make_policies` hands it and never asks which policy that is.
+
+Entries name their classes as ``module:Class`` of ``prism.policies`` and import them on first use, so that a
+run imports only the policies it runs: QAS's compiled kernels (numba) and ContextPilot's clustering (scipy)
+cost a few hundred milliseconds to import, several times the start of a whole FCFS run.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,14 +23,7 @@ from prism.config import build
 from prism.errors import UserError
 
 from prism.policies.base import DemandHints, EvictionPolicy, Scheduler
-from prism.policies.belady import Belady
-from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
-from prism.policies.dart import DART, DARTConfig
-from prism.policies.eviction import LFU, LRU, LRUActive
-from prism.policies.fcfs import FCFS
-from prism.policies.klpm import KLPM, KLPMConfig
-from prism.policies.lpm import LPM, DFSWeight, LPMConfig
-from prism.policies.qas import QAS, QASConfig
+from prism.policies.routing import Router
 
 
 IN_ENGINE = "in_engine"
@@ -50,33 +48,54 @@ class Deployment:
 FRONT_END_ENGINE_SCHEDULER = "fcfs"
 
 
+def _lazy(path: str) -> Any:
+    """The object ``module:name`` names in ``prism.policies``, importing its module on first use."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(f"prism.policies.{module}"), name)
+
+
 @dataclass(frozen=True)
 class PolicyEntry:
     factory: Callable[..., Any]  # (config or None, hints, trace requests) -> policy
-    config: type | None = None  # knob dataclass; its section name is the policy name
+    config_ref: type | str | None = None  # knob dataclass, or its "module:Class"; its section name is the policy name
     section: str | None = None
     deployment: Callable[[Any], Deployment] | None = None  # (config) -> deployment; None: in the engine
 
+    @property
+    def config(self) -> type | None:
+        return _lazy(self.config_ref) if isinstance(self.config_ref, str) else self.config_ref
 
-def _qas_deployment(cfg: QASConfig) -> Deployment:
+
+def _qas_deployment(cfg: Any) -> Deployment:  # cfg: a QASConfig
     return Deployment(FRONT_END, cfg.window_s) if cfg.window_s > 0 else Deployment()
 
 
 SCHEDULERS: dict[str, PolicyEntry] = {
-    "fcfs": PolicyEntry(lambda cfg, hints, reqs: FCFS()),
-    "lpm": PolicyEntry(lambda cfg, hints, reqs: LPM(cfg), LPMConfig, "lpm"),
-    "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: DFSWeight(cfg), LPMConfig, "lpm"),
-    "klpm": PolicyEntry(lambda cfg, hints, reqs: KLPM(cfg), KLPMConfig, "klpm"),
-    "contextpilot": PolicyEntry(lambda cfg, hints, reqs: ContextPilot(cfg), ContextPilotConfig, "contextpilot"),
-    "qas": PolicyEntry(lambda cfg, hints, reqs: QAS(cfg), QASConfig, "qas", _qas_deployment),
+    "fcfs": PolicyEntry(lambda cfg, hints, reqs: _lazy("fcfs:FCFS")()),
+    "lpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:LPM")(cfg), "lpm:LPMConfig", "lpm"),
+    "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:DFSWeight")(cfg), "lpm:LPMConfig", "lpm"),
+    "klpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("klpm:KLPM")(cfg), "klpm:KLPMConfig", "klpm"),
+    "contextpilot": PolicyEntry(lambda cfg, hints, reqs: _lazy("contextpilot:ContextPilot")(cfg),
+                                "contextpilot:ContextPilotConfig", "contextpilot"),
+    "qas": PolicyEntry(lambda cfg, hints, reqs: _lazy("qas:QAS")(cfg), "qas:QASConfig", "qas", _qas_deployment),
 }
 
 EVICTIONS: dict[str, PolicyEntry] = {
-    "lru": PolicyEntry(lambda cfg, hints, reqs: LRU(hints)),
-    "lfu": PolicyEntry(lambda cfg, hints, reqs: LFU(hints)),
-    "lru_active": PolicyEntry(lambda cfg, hints, reqs: LRUActive(hints)),
-    "dart": PolicyEntry(lambda cfg, hints, reqs: DART(cfg, hints), DARTConfig, "dart"),
-    "belady": PolicyEntry(lambda cfg, hints, reqs: Belady(reqs)),  # offline reference: knows the trace
+    "lru": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRU")(hints)),
+    "lfu": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LFU")(hints)),
+    "lru_active": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRUActive")(hints)),
+    "dart": PolicyEntry(lambda cfg, hints, reqs: _lazy("dart:DART")(cfg, hints), "dart:DARTConfig", "dart"),
+    # offline reference: knows the trace
+    "belady": PolicyEntry(lambda cfg, hints, reqs: _lazy("belady:Belady")(reqs)),
+}
+
+#: routing policies of a cluster (``cluster.router``); factories take (config or None, None, ())
+ROUTERS: dict[str, PolicyEntry] = {
+    "rr": PolicyEntry(lambda cfg, hints, reqs: _lazy("round_robin:RoundRobin")()),
+    "least_load": PolicyEntry(lambda cfg, hints, reqs: _lazy("least_load:LeastLoad")()),
+    "cache_aware": PolicyEntry(lambda cfg, hints, reqs: _lazy("cache_aware:CacheAware")(cfg),
+                               "cache_aware:CacheAwareConfig", "cache_aware"),
+    "lmetric": PolicyEntry(lambda cfg, hints, reqs: _lazy("lmetric:LMetric")(cfg), "lmetric:LMetricConfig", "lmetric"),
 }
 
 #: method preset -> (scheduler, eviction)
@@ -93,6 +112,31 @@ METHODS: dict[str, tuple[str, str]] = {
 def knob_sections() -> set[str]:
     """Names of the YAML / ``--set`` sections that hold policy knobs."""
     return {e.section for e in (*SCHEDULERS.values(), *EVICTIONS.values()) if e.section}
+
+
+def router_sections() -> set[str]:
+    """Names of the sections that hold routing-policy knobs."""
+    return {e.section for e in ROUTERS.values() if e.section}
+
+
+def check_router(name: str) -> str:
+    if name not in ROUTERS:
+        raise UserError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
+    return name
+
+
+def router_config(name: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> dict[str, Any]:
+    """The validated knob dataclass of the router's section ({} for a router without knobs)."""
+    entry = ROUTERS[check_router(name)]
+    if entry.config is None:
+        return {}
+    return {entry.section: build(entry.config, (knobs or {}).get(entry.section), f"{where}{entry.section}")}
+
+
+def make_router(name: str, configs: Mapping[str, Any]) -> Router:
+    """A fresh routing policy from validated knobs (:func:`router_config`; a missing section: the defaults)."""
+    entry = ROUTERS[check_router(name)]
+    return entry.factory(configs.get(entry.section) if entry.section else None, None, ())
 
 
 def resolve_method(method: str | None, scheduler: str | None = None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Iterable, Sequence
@@ -38,7 +39,7 @@ BULK_LOW = 1 << 20
 BULK_HIGH = 1 << 30
 
 _POOL_SIZE = 1 << 20
-_pool: list[np.ndarray] = []
+_pool: list[bytes] = []  # the pool's token bytes, made on first use
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -59,28 +60,51 @@ def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: 
     return (low + (x % np.uint64(high - low))).astype(TOKEN_DTYPE)
 
 
-def _bulk(seed: int, count: int) -> np.ndarray:
-    """A segment's tokens after the first: a window of a fixed pseudo-random pool, placed by the id's hash
-    (cheap for traces with 10^5 segments; windows may overlap, harmlessly, since first tokens differ)."""
+def _bulk_bytes(seed: int, count: int) -> bytes:
+    """A segment's tokens after the first, as token bytes: a window of a fixed pseudo-random pool, placed by the
+    id's hash (cheap for traces with 10^5 segments; windows may overlap, harmlessly, since first tokens differ)."""
     if count > _POOL_SIZE // 2:
-        return hashed_tokens(seed, 1, count)
+        return hashed_tokens(seed, 1, count).tobytes()
     if not _pool:
-        _pool.append(hashed_tokens(0x5EED, 0, _POOL_SIZE))
-    start = seed % (_POOL_SIZE - count)
-    return _pool[0][start:start + count]
+        _pool.append(hashed_tokens(0x5EED, 0, _POOL_SIZE).tobytes())
+    start = (seed % (_POOL_SIZE - count)) * TOKEN_BYTES
+    return _pool[0][start:start + count * TOKEN_BYTES]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Segment:
-    """One piece of a prompt. ``tokens`` is fixed for the id; equality is by (kind, id, length)."""
+    """One piece of a prompt. ``tokens`` is fixed for the id; equality is by (kind, id, length).
+
+    A segment holds either explicit tokens (``Segment(kind, id, tokens)``: a real tokenizer's) or, as a
+    :class:`SegmentTable` makes them, only its length, first token and the hash of its id: its ``tokens``
+    are then made when asked (the first token, then a window of a shared pseudo-random pool), so that a
+    trace holds no token array per segment or request, only these references."""
 
     kind: str
     id: str
-    tokens: np.ndarray = field(repr=False)
-    length: int = field(init=False, repr=False)
+    explicit: np.ndarray | None = field(default=None, repr=False)
+    length: int = field(default=0, repr=False)
+    first: int = field(default=0, repr=False)  # the first token
+    seed: int = field(default=0, repr=False)  # places the bulk of the tokens in the pool
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "length", len(self.tokens))
+        if self.explicit is not None:
+            object.__setattr__(self, "length", len(self.explicit))
+            object.__setattr__(self, "first", int(self.explicit[0]) if len(self.explicit) else 0)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self.explicit is not None:
+            return self.explicit
+        return np.frombuffer(self.token_bytes(), dtype=TOKEN_DTYPE)  # read-only, as a segment's tokens are
+
+    def token_bytes(self) -> bytes:
+        """The tokens as token bytes (a prompt's ``key`` joins them)."""
+        if self.explicit is not None:
+            return self.explicit.tobytes()
+        if not self.length:
+            return b""
+        return self.first.to_bytes(TOKEN_BYTES, sys.byteorder, signed=True) + _bulk_bytes(self.seed, self.length - 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Segment) and (self.kind, self.id, self.length) == (
@@ -91,13 +115,14 @@ class Segment:
 
 
 class SegmentTable:
-    """Hands out segment token arrays: a unique first token per id, hashed tokens after it."""
+    """Hands out segments: a unique first token per id, hashed tokens after it (made when asked for)."""
 
     def __init__(self) -> None:
         self._first: dict[str, int] = {}
         self._kind: dict[str, str] = {}
         self._explicit: dict[str, np.ndarray] = {}
-        self._cache: dict[tuple[str, int], Segment] = {}
+        self._made: dict[str, Segment] = {}  # each id at the length first asked for
+        self._cut: dict[tuple[str, int], Segment] = {}  # at other lengths
 
     def __len__(self) -> int:
         return len(self._first)
@@ -125,8 +150,10 @@ class SegmentTable:
 
     def segment(self, seg_id: str, kind: str, length: int) -> Segment:
         """The segment ``seg_id`` cut to ``length`` tokens (declared on first use)."""
-        key = (seg_id, length)
-        seg = self._cache.get(key)
+        seg = self._made.get(seg_id)
+        if seg is not None and seg.length == length:
+            return seg
+        seg = self._cut.get((seg_id, length)) if seg is not None else None
         if seg is not None:
             return seg
         self.declare(seg_id, kind)
@@ -135,14 +162,14 @@ class SegmentTable:
             if length > len(full):
                 raise ValueError(f"segment {seg_id!r} has {len(full)} tokens, {length} asked")
             tokens = full[:length]
+            tokens.flags.writeable = False
+            seg = Segment(self._kind[seg_id], seg_id, tokens)
         else:
-            tokens = np.empty(length, dtype=TOKEN_DTYPE)
-            if length:
-                tokens[0] = self._first[seg_id]
-                tokens[1:] = _bulk(stable_hash(seg_id), length - 1)
-        tokens.flags.writeable = False
-        seg = Segment(self._kind[seg_id], seg_id, tokens)
-        self._cache[key] = seg
+            seg = Segment(self._kind[seg_id], seg_id, None, length, self._first[seg_id], stable_hash(seg_id))
+        if seg_id in self._made:
+            self._cut[(seg_id, length)] = seg
+        else:
+            self._made[seg_id] = seg
         return seg
 
     def first_token(self, seg_id: str) -> int:
@@ -206,7 +233,7 @@ class SegmentedPrompt:
     @property
     def key(self) -> bytes:
         if self._key is None:
-            self._key = serialize(self.segments).tobytes()
+            self._key = serialize_bytes(self.segments)
         return self._key
 
     @property
@@ -233,9 +260,13 @@ def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: 
 
 
 def serialize(segments: Iterable[Segment]) -> np.ndarray:
-    """The prompt's token ids: segment tokens concatenated in the given order."""
-    parts = [s.tokens for s in segments]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=TOKEN_DTYPE)
+    """The prompt's token ids (read-only): segment tokens concatenated in the given order."""
+    return np.frombuffer(serialize_bytes(segments), dtype=TOKEN_DTYPE)
+
+
+def serialize_bytes(segments: Iterable[Segment]) -> bytes:
+    """The prompt as token bytes, its radix key."""
+    return b"".join([s.token_bytes() for s in segments])
 
 
 _OUTPUT_SEED = stable_hash("output")

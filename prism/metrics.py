@@ -19,7 +19,7 @@ from prism.output import write_atomic_text, write_csv
 from prism.settings import RunSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestRecord:
     id: int
     arrival: float
@@ -33,6 +33,7 @@ class RequestRecord:
     output_tokens: int
     lane: str
     realigned: bool
+    instance: int | None = None  # the instance of a cluster that served it (None: a single engine)
 
     @property
     def w_admit(self) -> float:
@@ -54,7 +55,14 @@ class RequestRecord:
 #: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
 RUN_FILES = ("summary.json", "requests.csv")
 
-CSV_COLUMNS = [f.name for f in fields(RequestRecord)] + ["w_admit", "t_prefill", "t_1tok", "ttft"]
+CSV_COLUMNS = [f.name for f in fields(RequestRecord) if f.name != "instance"] + ["w_admit", "t_prefill", "t_1tok",
+                                                                                 "ttft"]
+#: a cluster's requests.csv (more than one instance) adds the instance that served each request
+CLUSTER_CSV_COLUMNS = CSV_COLUMNS + ["instance"]
+
+
+def csv_columns(cluster: bool) -> list[str]:
+    return CLUSTER_CSV_COLUMNS if cluster else CSV_COLUMNS
 
 
 def _fmt(v: Any) -> str:
@@ -65,27 +73,30 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _row(r: RequestRecord) -> list[str]:
-    return [_fmt(getattr(r, c)) for c in CSV_COLUMNS]
+def _row(r: RequestRecord, columns: list[str] = CSV_COLUMNS) -> list[str]:
+    return [_fmt(getattr(r, c)) for c in columns]
 
 
-def write_requests_csv(records: Iterable[RequestRecord], path: Path) -> None:
-    """The whole ``requests.csv`` in request order, written atomically (a stream's file is replaced whole)."""
-    write_csv(path, CSV_COLUMNS, (_row(r) for r in sorted(records, key=lambda r: r.id)))
+def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bool = False) -> None:
+    """The whole ``requests.csv`` in request order, written atomically (a stream's file is replaced whole);
+    ``cluster``: with the instance column (a run on more than one instance)."""
+    columns = csv_columns(cluster)
+    write_csv(path, columns, (_row(r, columns) for r in sorted(records, key=lambda r: r.id)))
 
 
 class RecordStream:
     """Appends each finished request to a CSV as it completes, so that an interrupted run keeps what it
     simulated; :func:`write_requests_csv` later rewrites the file in request order."""
 
-    def __init__(self, path: Path, flush_every: int = 256) -> None:
+    def __init__(self, path: Path, flush_every: int = 256, cluster: bool = False) -> None:
         self._f = path.open("w", newline="")
         self._w = csv.writer(self._f)
-        self._w.writerow(CSV_COLUMNS)
+        self._columns = csv_columns(cluster)
+        self._w.writerow(self._columns)
         self._n, self._every = 0, flush_every
 
     def __call__(self, r: RequestRecord) -> None:
-        self._w.writerow(_row(r))
+        self._w.writerow(_row(r, self._columns))
         self._n += 1
         if self._n % self._every == 0:
             self._f.flush()
@@ -125,13 +136,47 @@ def summarize(records: Sequence[RequestRecord], warmup: int = 0) -> dict[str, An
     }
 
 
+def instance_summary(spec: RunSpec, records: Sequence[RequestRecord],
+                     instances: Sequence[tuple[str, int]]) -> dict[str, Any] | None:
+    """A cluster's part of ``summary.json`` (None for one instance): the router's settings, per instance
+    (profile and KV capacity as given in ``instances``) its load (requests served and their share, prefill
+    tokens computed), hit rate and TTFT, and the imbalance: max / mean over the instances of requests served
+    (``imbalance``) and of prefill tokens computed (``imbalance_prefill_tokens``)."""
+    if len(instances) <= 1:
+        return None
+    ordered = sorted(records, key=lambda r: (r.arrival, r.id))
+    measured = ordered[spec.engine.warmup_requests:] if spec.engine.warmup_requests < len(ordered) else ordered
+    groups: list[list[RequestRecord]] = [[] for _ in instances]
+    for r in measured:
+        groups[r.instance].append(r)
+    per = []
+    for i, ((profile, capacity), rs) in enumerate(zip(instances, groups)):
+        prompt, hit = sum(r.prompt_tokens for r in rs), sum(r.hit_tokens for r in rs)
+        t = percentiles([r.ttft for r in rs])
+        per.append({"instance": i, "profile": profile, "kv_capacity_tokens": capacity, "requests": len(rs),
+                    "share": len(rs) / len(measured) if measured else 0.0, "prompt_tokens": prompt,
+                    "hit_tokens": hit, "prefill_tokens": prompt - hit, "hit_rate": hit / prompt if prompt else 0.0,
+                    "ttft_mean_s": t["mean"], "ttft_p50_s": t["p50"], "ttft_p99_s": t["p99"]})
+
+    def imbalance(values: list[int]) -> float:
+        mean = sum(values) / len(values)
+        return max(values) / mean if mean else 0.0
+
+    c = spec.cluster
+    return {"instances": c.instances, "router": c.router, "router_delay_s": c.router_delay_s,
+            "view_interval_s": c.view_interval_s, "imbalance": imbalance([p["requests"] for p in per]),
+            "imbalance_prefill_tokens": imbalance([p["prefill_tokens"] for p in per]), "per_instance": per}
+
+
 def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind: str, kv_capacity_tokens: int,
                 counters: Mapping[str, int], wall_s: float,
-                served_infinite_cache_hit_rate: float | None = None, complete: bool = True) -> dict[str, Any]:
+                served_infinite_cache_hit_rate: float | None = None, complete: bool = True,
+                cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``summary.json`` of a run: the run description, :func:`summarize` over ``records`` and what the engine
     reports (its KV capacity, its counters and the policies' own, the wall time). ``engine_kind`` says which
     engine served the run ("sim": the simulator); ``complete`` is false for an interrupted run (``records``
-    are then the requests that finished)."""
+    are then the requests that finished). ``cluster``: :func:`instance_summary` of a run on several instances
+    (``kv_capacity_tokens`` is then the instances' total)."""
     return {
         "complete": complete,
         "method": spec.label,
@@ -150,6 +195,7 @@ def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind:
         "engine_kind": engine_kind,
         "engine": asdict(spec.engine),
         "counters": dict(sorted(counters.items())),
+        **({"cluster": dict(cluster)} if cluster is not None else {}),
         "wall_s": wall_s,
     }
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
-import io
 import os
 import tempfile
 from pathlib import Path
@@ -132,13 +131,12 @@ def write_atomic_text(path: str | Path, text: str) -> None:
 
 def write_csv(path: str | Path, fields: Sequence[str], rows: Iterable[Sequence[Any] | Mapping[str, Any]]) -> None:
     """A CSV (header ``fields``, one line per row: a sequence in column order, or a mapping by field name,
-    missing fields empty), written atomically."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(fields)
-    for r in rows:
-        w.writerow([r.get(k, "") for k in fields] if isinstance(r, Mapping) else r)
-    write_atomic_text(path, buf.getvalue())
+    missing fields empty), written atomically; rows stream to the file (a big table is never held whole)."""
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        for r in rows:
+            w.writerow([r.get(k, "") for k in fields] if isinstance(r, Mapping) else r)
 
 
 __all__ = ["check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path", "write_atomic_text", "write_csv"]

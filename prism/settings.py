@@ -11,6 +11,8 @@ The YAML mapping has these sections (all optional)::
     engine: {max_total_tokens: 32768, chunked_prefill_size: 8192, ...}
     trace: {qps: 60, num_requests: 2048, seed: 0, ...}   # overrides of the trace spec
     lpm: {fcfs_threshold: 128}                            # one section per policy with knobs
+    cluster: {instances: 8, router: lmetric, router_delay_s: 0, view_interval_s: 0}
+    lmetric: {hot_streak: 4}                              # one section per router with knobs
 
 From flags to a run::
 
@@ -27,7 +29,8 @@ from typing import Any, Mapping
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import apply_overrides, build, choice, fraction, load_yaml, nonneg, positive
 from prism.errors import UserError
-from prism.policies.registry import Deployment, deployment_of, knob_sections, policy_configs, resolve_method
+from prism.policies.registry import (ROUTERS, Deployment, check_router, deployment_of, knob_sections,
+                                     policy_configs, resolve_method, router_config, router_sections)
 from prism.traces.spec import load_trace, spec_engine
 from prism.traces.trace import Trace
 
@@ -58,6 +61,23 @@ class EngineConfig:
                                               "reserved decode")
 
 
+@dataclass
+class ClusterConfig:
+    """Several engine instances behind a router (``sim/cluster.py``); one instance is the single engine."""
+
+    instances: int = positive(1, "engine instances (each its own scheduler, cache and cost profile)")
+    router: str = choice("cache_aware", tuple(ROUTERS), "routing policy (sglang-router's default: cache_aware)")
+    router_delay_s: float = nonneg(0.0, "seconds the router takes per decision (decisions are serial)")
+    view_interval_s: float = nonneg(0.0, "the router's load view is refreshed this often (0: exact)")
+    profiles: list[str] = field(default_factory=list, metadata={
+        "doc": "one profile (GPU:MODEL or YAML) per instance, for a heterogeneous cluster ([]: --profile for all)"})
+
+    def __post_init__(self) -> None:
+        if self.profiles and len(self.profiles) != self.instances:
+            raise ValueError(f"field 'profiles': {len(self.profiles)} profiles for {self.instances} instances "
+                             "(give one per instance, or none)")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run is: what to serve (the trace, at what rate), how (the method's policies, their
@@ -76,6 +96,12 @@ class RunSpec:
     qps: float  # the offered rate; a trace replayed at its own timestamps: their measured rate
     qps_measured: bool  # True: ``qps`` was measured on the trace's timestamps, nobody asked for it
     seed: int | None  # the trace's seed
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    router_configs: Mapping[str, Any] = field(default_factory=dict)  # the router's section -> validated knobs
+    instance_profiles: tuple[Profile, ...] = ()  # one per instance, or () for ``profile`` everywhere
+
+    def profile_of(self, instance: int) -> Profile:
+        return self.instance_profiles[instance] if self.instance_profiles else self.profile
 
     @classmethod
     def build(cls, trace: Trace, scheduler: str, eviction: str, *, engine: EngineConfig | None = None,
@@ -92,13 +118,17 @@ class RunSpec:
 
 
 def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, Any], engine: EngineConfig,
-              profile: Profile, trace: Trace, trace_source: str, qps: float | None) -> RunSpec:
+              profile: Profile, trace: Trace, trace_source: str, qps: float | None,
+              cluster: ClusterConfig | None = None, router_configs: Mapping[str, Any] | None = None) -> RunSpec:
     """The one place a run's deployment, rate and seed are settled."""
-    kv_capacity(engine, profile, trace, trace_source)
+    cluster = cluster if cluster is not None else ClusterConfig()
+    instance_profiles = tuple(load_profile(p) for p in cluster.profiles)
+    for p in instance_profiles or (profile,):
+        kv_capacity(engine, p, trace, trace_source)
     offered = qps if qps is not None else trace.spec.get("qps")
     return RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
                    trace_source, offered if offered is not None else measured_qps(trace), offered is None,
-                   trace.spec.get("seed"))
+                   trace.spec.get("seed"), cluster, dict(router_configs or {}), instance_profiles)
 
 
 def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_source: str = "") -> int:
@@ -153,13 +183,16 @@ class Settings:
     policy_configs: dict[str, Any] = field(default_factory=dict)  # section -> validated knobs of the chosen policies
     trace_overrides: dict[str, Any] = field(default_factory=dict)
     engine_settings: dict[str, Any] = field(default_factory=dict)  # the engine fields the settings give
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    router_configs: dict[str, Any] = field(default_factory=dict)
 
     def resolve(self, trace_source: str) -> RunSpec:
         """Load the profile and the trace (with the overrides) and settle the rate and seed: the run."""
         profile = load_profile(self.profile)
         trace = load_trace(trace_source, self.trace_overrides)
         return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
-                         self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"))
+                         self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"),
+                         self.cluster, self.router_configs)
 
     def engine_for(self, trace_source: str) -> EngineConfig:
         """The engine settings of a run on ``trace_source``: the trace spec's ``engine:`` section (what its
@@ -185,7 +218,7 @@ def read_config(path: str | None) -> dict[str, Any]:
 def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     """Validate the whole mapping once; every error names its section and field. A section of knobs that no
     policy of the run reads is an error (see :func:`check_knobs_used`)."""
-    allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace"} | knob_sections()
+    allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster"} | knob_sections() | router_sections()
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise UserError(f"unknown section {unknown[0]!r} (known: {', '.join(sorted(allowed))})", where)
@@ -200,8 +233,26 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     knobs = {k: data[k] for k in knob_sections() if k in data}
     configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
     check_knobs_used(data, [label], where)
+    cluster = build(ClusterConfig, data.get("cluster"), f"{where}: cluster")
+    check_router_knobs_used(data, [cluster.router], where)
+    routing = router_config(cluster.router, {k: data[k] for k in router_sections() if k in data}, f"{where}: ")
     return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace,
-                    dict(data.get("engine") or {}))
+                    dict(data.get("engine") or {}), cluster, routing)
+
+
+def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: str) -> None:
+    """Knobs of a router that none of ``routers`` is: an error, as for policies."""
+    used = {ROUTERS[check_router(r)].section for r in routers}
+    for section in sorted(router_sections() & set(data)):
+        if section not in used and data[section]:
+            raise UserError(f"section {section!r}: no router of {', '.join(routers)} reads these knobs (remove "
+                            f"them, or use --router {section})", where)
+
+
+def for_router(data: dict[str, Any], router: str) -> dict[str, Any]:
+    """Settings shared by several routers (a sweep), as one router's run: without the other routers' knobs."""
+    unused = router_sections() - {ROUTERS[router].section}
+    return {k: v for k, v in data.items() if k not in unused}
 
 
 def knobs_of(method: str) -> set[str]:
@@ -228,8 +279,15 @@ def for_method(data: dict[str, Any], method: str) -> dict[str, Any]:
 
 
 def merge_flags(data: dict[str, Any], overrides: list[str], **flags: Any) -> dict[str, Any]:
-    """Apply ``--set`` overrides, then explicit flags (``qps``/``seed`` go to the trace section)."""
+    """Apply ``--set`` overrides, then explicit flags (``qps``/``seed`` go to the trace section, ``instances``
+    and ``router`` to the cluster section)."""
     data = apply_overrides(data, overrides)
+    for key in ("instances", "router"):
+        if flags.get(key) is not None:
+            data.setdefault("cluster", {})
+            if not isinstance(data["cluster"], dict):
+                raise UserError("section 'cluster': must be a mapping")
+            data["cluster"][key] = flags[key]
     for key in ("method", "scheduler", "eviction", "profile"):
         if flags.get(key) is not None:
             data[key] = flags[key]

@@ -194,7 +194,7 @@ class Engine:
         short = n - self._free()
         if short > 0:
             self.eviction.prepare(self.cache)
-            self.cache.evict(short, self.eviction.key, self._count_eviction)
+            self.cache.evict(short, self.eviction.key, self._count_eviction, self.eviction.lowered_keys())
             if self._free() < n:
                 raise RuntimeError("KV accounting error: eviction could not make room")
 
@@ -289,13 +289,16 @@ class Engine:
             if take < new:
                 self.chunked = seq
                 break
-        if admitted:  # admission follows the plan's order and stops at the first refusal
+        # admission follows the plan's order and stops at the first refusal; a plan that keeps the queue as it
+        # is (FCFS) hands back the queue itself, which loses its admitted head in place
+        if plan.order is self.waiting:
+            del self.waiting[:len(admitted)]
+        else:
             self.waiting = list(plan.order[len(admitted):])
+        if admitted:
             for seq in admitted:
                 self.counters[f"admitted_{seq.lane}_lane"] += 1
             self.scheduler.on_dispatch(admitted, ctx)
-        else:
-            self.waiting = list(plan.order)
         return batch
 
     def _max_new(self, seq: Seq) -> int:

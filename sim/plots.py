@@ -1,4 +1,6 @@
-"""Sweep plots: TTFT percentiles and hit rate against QPS, and the TTFT distribution at one QPS."""
+"""Sweep plots: TTFT percentiles and hit rate against QPS, and the TTFT distribution at one QPS; one curve per
+series (a method on one engine, or ``METHOD@ROUTERxN`` on a cluster: one curve per router); a sweep of
+clusters adds the imbalance (max/mean requests per instance) against QPS."""
 
 from __future__ import annotations
 
@@ -15,18 +17,22 @@ import numpy as np  # noqa: E402
 from prism.output import atomic_path  # noqa: E402
 
 
+def _name(a: dict[str, Any]) -> str:
+    return a.get("series") or a["method"]
+
+
 def _series(agg: list[dict[str, Any]], metric: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     out = {}
-    for method in dict.fromkeys(a["method"] for a in agg):
-        rows = sorted((a for a in agg if a["method"] == method and metric in a), key=lambda a: a["qps"])
+    for method in dict.fromkeys(map(_name, agg)):
+        rows = sorted((a for a in agg if _name(a) == method and metric in a), key=lambda a: a["qps"])
         out[method] = (np.array([a["qps"] for a in rows]), np.array([a[metric] for a in rows]),
                        np.array([a.get(metric + "_ci95", 0.0) for a in rows]))
     return out
 
 
 def _colors(agg: list[dict[str, Any]]) -> dict[str, str]:
-    """One color per method, the same in every plot of a sweep."""
-    return {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(a["method"] for a in agg))}
+    """One color per series, the same in every plot of a sweep."""
+    return {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(map(_name, agg)))}
 
 
 def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, extra=None,
@@ -74,6 +80,9 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
                    extra=[("belady_hit_rate", "--", "Belady"),
                           ("served_infinite_cache_hit_rate", ":", "infinite cache (as served)")], infinite=True),
     ]
+    if any("imbalance" in a for a in agg):
+        paths.append(_line_plot([a for a in agg if "imbalance" in a], "imbalance",
+                                "imbalance (max / mean requests per instance)", out / "imbalance_vs_qps.png"))
     if cdf_qps is not None:
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = False

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import simpy
-from tqdm import tqdm
 
 from prism.core import Request
 from prism.metrics import RequestRecord, run_summary
@@ -38,9 +37,10 @@ class SimInterrupted(KeyboardInterrupt):
         self.result, self.total = result, total
 
 
-def _record(seq: Seq) -> RequestRecord:
+def record_of(seq: Seq, instance: int | None = None) -> RequestRecord:
+    """A finished request's record (``instance``: where a cluster served it)."""
     return RequestRecord(seq.id, seq.req.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
-                         seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned)
+                         seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned, instance)
 
 
 def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[RequestRecord], None] | None = None,
@@ -51,50 +51,79 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     ``served_reference`` adds ``served_infinite_cache_hit_rate``: the hit rate an unbounded cache would reach
     on the prompts as this run served them (after any realignment, in admission order), the ceiling for any
     eviction policy under this run's schedule. The trace-order figure (``infinite_cache_hit_rate``) is not
-    that ceiling for a scheduler that reorders segments."""
-    wall0 = time.perf_counter()
-    trace = spec.trace
-    capacity = kv_capacity(spec.engine, spec.profile, trace, spec.trace_source)
+    that ceiling for a scheduler that reorders segments.
+
+    A spec with ``cluster.instances > 1`` runs on a cluster (:func:`prism.sim.cluster.simulate_cluster`)."""
+    if spec.cluster.instances > 1:
+        from prism.sim.cluster import simulate_cluster  # it builds on this module
+
+        return simulate_cluster(spec, progress=progress, on_record=on_record, served_reference=served_reference)
+    run = Replay(spec, progress, on_record, served_reference)
+    capacity = kv_capacity(spec.engine, spec.profile, spec.trace, spec.trace_source)
     policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
-                             requests=trace.requests)
-    env = simpy.Environment()
-    records: list[RequestRecord] = []
-    done = env.event()
-    total = len(trace.requests)
-    bar = tqdm(total=total, disable=not progress, unit="req", desc=spec.label, mininterval=0.25, leave=False)
-
-    served: list[Request] = []  # as the engine served them: final segment order; arrival = admission
-
-    def on_finish(seq: Seq) -> None:
-        records.append(_record(seq))
-        if served_reference:
-            served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
-        if on_record is not None:
-            on_record(records[-1])
-        client.finished(seq)
-        bar.update(1)
-        if len(records) == total:
-            done.succeed()
-
-    eng = Engine(env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
-                 policies.hints, on_finish)
-    front = (FrontEnd(env, eng, policies.front_end, spec.deployment.window_s)
+                             requests=spec.trace.requests)
+    eng = Engine(run.env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
+                 policies.hints, run.finished)
+    front = (FrontEnd(run.env, eng, policies.front_end, spec.deployment.window_s)
              if policies.front_end is not None else None)
-    client = Client(env, front or eng, trace.requests, spec.engine.max_concurrency)
+    run.client = Client(run.env, front or eng, spec.trace.requests, spec.engine.max_concurrency)
+    return run.run(lambda complete: run.result(
+        {**eng.counters, **policies.stats(), **(front.counters if front else {})}, capacity, complete))
 
-    def result(complete: bool) -> SimResult:
-        counters = {**eng.counters, **policies.stats(), **(front.counters if front else {})}
+
+class Replay:
+    """What every simulated run shares, one engine or a cluster: the clock, the records of the requests as they
+    finish (streamed to ``on_record``), the progress bar, the prompts as served (for the served-order
+    reference), the summary, and running to the last finish or to Ctrl-C."""
+
+    def __init__(self, spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord], None] | None,
+                 served_reference: bool) -> None:
+        self.spec, self.on_record = spec, on_record
+        self.wall0 = time.perf_counter()
+        self.env = simpy.Environment()
+        self.records: list[RequestRecord] = []
+        self.done = self.env.event()
+        self.total = len(spec.trace.requests)
+        self.bar = _progress_bar(self.total, spec.label) if progress else None
+        # as the engines served them: final segment order; arrival = admission
+        self.served: list[Request] | None = [] if served_reference else None
+        self.client: Client | None = None  # set once the engines exist: it hands them the trace
+
+    def finished(self, seq: Seq, instance: int | None = None) -> None:
+        self.records.append(record_of(seq, instance))
+        if self.served is not None:
+            self.served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
+        if self.on_record is not None:
+            self.on_record(self.records[-1])
+        self.client.finished(seq)
+        if self.bar is not None:
+            self.bar.update(1)
+        if len(self.records) == self.total:
+            self.done.succeed()
+
+    def result(self, counters: Mapping[str, int], kv_capacity_tokens: int, complete: bool,
+               **extra: Any) -> SimResult:
+        served = self.served
         summary = run_summary(
-            spec, records, engine_kind="sim", kv_capacity_tokens=capacity, counters=counters,
+            self.spec, self.records, engine_kind="sim", kv_capacity_tokens=kv_capacity_tokens, counters=counters,
             served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
-                                            if served_reference else None),
-            wall_s=time.perf_counter() - wall0, complete=complete)
-        return SimResult(records, summary, summary["counters"])
+                                            if served is not None else None),
+            wall_s=time.perf_counter() - self.wall0, complete=complete, **extra)
+        return SimResult(self.records, summary, summary["counters"])
 
-    try:
-        env.run(until=done)
-    except KeyboardInterrupt:
-        bar.close()
-        raise SimInterrupted(result(False), total) from None
-    bar.close()
-    return result(True)
+    def run(self, result: Callable[[bool], SimResult]) -> SimResult:
+        """Simulate to the last finish; Ctrl-C raises :class:`SimInterrupted` with ``result(False)``."""
+        try:
+            self.env.run(until=self.done)
+        except KeyboardInterrupt:
+            raise SimInterrupted(result(False), self.total) from None
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        return result(True)
+
+
+def _progress_bar(total: int, label: str):
+    from tqdm import tqdm  # only a run that shows progress pays for importing it
+
+    return tqdm(total=total, unit="req", desc=label, mininterval=0.25, leave=False)

@@ -10,6 +10,15 @@ keeps a second sweep out while one runs, and ``DIR/sweep.json`` records the trac
 A later sweep into the folder with the same trace and settings *merges*: its runs are added to the earlier
 ones, and summary.csv, aggregate.csv and the plots cover them all (finished runs are not simulated again).
 A sweep of other settings is refused unless ``force`` (then the earlier sweep's files are removed first).
+
+Clusters: with ``instances`` and ``routers`` every method also runs on N instances behind each router (a
+*series* ``METHOD@ROUTERxN``; one instance is the method's own series, run once); rows, aggregates and plots
+are per series. A cluster run has no Belady reference (an offline oracle per instance is not defined).
+
+Where runs execute: in this process (one worker), in a process pool, or on a Ray cluster (``ray_address``:
+``auto``, ``local`` or ``HOST:PORT``). Workers only simulate and return the summary and the records; this
+process writes every run folder, so a multi-node Ray cluster needs no shared file system, and the results
+are the same bytes whichever executes them (the simulation is deterministic).
 """
 
 from __future__ import annotations
@@ -28,24 +37,29 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from scipy import stats as sps
 
 from prism.errors import UserError
-from prism.metrics import read_summary, write_json, write_requests_csv
+from prism.metrics import RequestRecord, read_summary, write_json, write_requests_csv
 from prism.output import check_out_file, prepare_out_dir, write_csv
-from prism.settings import for_method, settings_from
+from prism.settings import for_method, for_router, settings_from
 from prism.traces.spec import is_materialized, resolve
 
 from prism.sim.run import simulate
 
-ROW_FIELDS = ["method", "scheduler", "eviction", "qps", "seed", "num_requests", "ttft_mean_s", "ttft_p50_s",
+ROW_FIELDS = ["series", "method", "scheduler", "eviction", "router", "instances", "qps", "seed", "num_requests",
+              "ttft_mean_s", "ttft_p50_s",
               "ttft_p90_s", "ttft_p95_s", "ttft_p99_s", "w_admit_p50_s", "w_admit_p99_s", "hit_rate",
               "belady_hit_rate", "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps",
               "evicted_tokens_private",
               "evicted_tokens_reusable", "evicted_tokens_protected", "admitted_hot_lane", "admitted_cold_lane",
-              "front_alignment_moves", "wall_s"]
+              "front_alignment_moves", "retractions", "reprefilled_tokens", "imbalance", "wall_s"]
 AGG_METRICS = ["ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit_rate",
-               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps"]
+               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps", "retractions", "imbalance"]
+
+
+def series_name(method: str, instances: int = 1, router: str = "") -> str:
+    """A sweep's curve: the method on one engine, or ``METHOD@ROUTERxN`` on a cluster."""
+    return method if instances <= 1 else f"{method}@{router}x{instances}"
 
 
 @dataclass
@@ -57,18 +71,35 @@ class RunTask:
     config: dict[str, Any]  # the settings mapping (validated in the worker)
     out: str
     belady: bool = True
+    instances: int = 1
+    router: str = ""  # a cluster's router ("" for one instance)
+
+    @property
+    def series(self) -> str:
+        return series_name(self.method, self.instances, self.router)
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return self.series, self.qps, self.seed
 
     @property
     def folder(self) -> Path:
-        return Path(self.out) / "runs" / self.method / f"qps{self.qps:g}-seed{self.seed}"
+        return Path(self.out) / "runs" / self.series / f"qps{self.qps:g}-seed{self.seed}"
 
     def digest(self) -> str:
         blob = json.dumps([self.trace, self.method, self.qps, self.seed, self.config, self.belady], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def manifest_entry(self) -> list[Any]:
+        return [self.method, self.qps, self.seed] + ([self.instances, self.router] if self.instances > 1 else [])
 
-def task_config(base: dict[str, Any], method: str, qps: float, seed: int | None) -> dict[str, Any]:
-    """The settings of one run of a sweep (``seed`` None: the trace's own, for a materialized trace)."""
+
+def task_config(base: dict[str, Any], method: str, qps: float, seed: int | None, instances: int = 1,
+                router: str = "") -> dict[str, Any]:
+    """The settings of one run of a sweep (``seed`` None: the trace's own, for a materialized trace); on a
+    cluster of ``instances`` behind ``router`` (one instance: the cluster section and router knobs dropped)."""
+    base = for_router(base, router) if instances > 1 else {k: v for k, v in for_router(base, "rr").items()
+                                                           if k != "cluster"}
     cfg = copy.deepcopy(for_method(base, method))  # the CLI checked that some method reads each knob section
     for key in ("scheduler", "eviction"):
         cfg.pop(key, None)
@@ -78,36 +109,52 @@ def task_config(base: dict[str, Any], method: str, qps: float, seed: int | None)
     if seed is not None:
         trace["seed"] = seed
     cfg["trace"] = trace
+    if instances > 1:
+        cfg["cluster"] = {**(cfg.get("cluster") or {}), "instances": instances, "router": router}
     return cfg
 
 
-def run_task(task: RunTask) -> dict[str, Any]:
-    """One run (in a worker): simulate, add the Belady reference, write the run folder; return the row."""
-    folder = task.folder
-    done = folder / "summary.json"
-    old = read_summary(done)  # None for a missing, truncated or unreadable summary: run again
+def finished_summary(task: RunTask) -> dict[str, Any] | None:
+    """The summary of a run a sweep of the same settings already finished, else None (run it)."""
+    old = read_summary(task.folder / "summary.json")  # None for a missing, truncated or unreadable summary
     if old is not None and old.get("sweep_digest") == task.digest() and old.get("complete", True):
         return old
+    return None
+
+
+def simulate_task(task: RunTask) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One run's simulation (in any worker: it writes nothing): its summary, with the Belady reference for
+    a single engine, and its records."""
     spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
     res = simulate(spec, served_reference=True)
     summary = res.summary
     if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
         summary["seed"] = task.seed
-    if task.belady:
+    if task.belady and spec.cluster.instances == 1:
         ref = simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady"))
         summary["belady_hit_rate"] = ref.summary["hit_rate"]
     summary["sweep_digest"] = task.digest()
+    return summary, res.records
+
+
+def write_task(task: RunTask, summary: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
+    """Write a run's folder (requests.csv, then summary.json) and return its summary."""
+    folder = task.folder
     folder.mkdir(parents=True, exist_ok=True)
-    done.unlink(missing_ok=True)  # never a new requests.csv beside an old summary
-    write_requests_csv(res.records, folder / "requests.csv")
-    write_json(summary, done)
+    (folder / "summary.json").unlink(missing_ok=True)  # never a new requests.csv beside an old summary
+    write_requests_csv(records, folder / "requests.csv", cluster=task.instances > 1)
+    write_json(summary, folder / "summary.json")
     return summary
 
 
 def row_of(summary: dict[str, Any]) -> dict[str, Any]:
     t, w, c = summary["ttft_s"], summary["w_admit_s"], summary.get("counters", {})
+    cl = summary.get("cluster") or {}
+    router, instances = cl.get("router", ""), cl.get("instances", 1)
     return {
+        "series": series_name(summary["method"], instances, router),
         "method": summary["method"], "scheduler": summary["scheduler"], "eviction": summary["eviction"],
+        "router": router, "instances": instances,
         "qps": summary["qps"], "seed": summary["seed"], "num_requests": summary["num_requests"],
         "ttft_mean_s": t["mean"], "ttft_p50_s": t["p50"], "ttft_p90_s": t["p90"], "ttft_p95_s": t["p95"],
         "ttft_p99_s": t["p99"], "w_admit_p50_s": w["p50"], "w_admit_p99_s": w["p99"],
@@ -119,7 +166,9 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         "evicted_tokens_reusable": c.get("evicted_tokens_reusable", 0),
         "evicted_tokens_protected": c.get("evicted_tokens_protected", 0),
         "admitted_hot_lane": c.get("admitted_hot_lane", 0), "admitted_cold_lane": c.get("admitted_cold_lane", 0),
-        "front_alignment_moves": c.get("front_alignment_moves", 0), "wall_s": summary["wall_s"],
+        "front_alignment_moves": c.get("front_alignment_moves", 0), "retractions": c.get("retractions", 0),
+        "reprefilled_tokens": c.get("reprefilled_tokens", 0), "imbalance": cl.get("imbalance", ""),
+        "wall_s": summary["wall_s"],
     }
 
 
@@ -128,26 +177,33 @@ def _fmt(v: Any) -> Any:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and 95% confidence half-width (Student t) per (method, qps)."""
+    """Mean and 95% confidence half-width (Student t) per (series, qps)."""
+    from scipy.special import stdtrit  # Student t quantiles (what scipy.stats.t.ppf computes), without the
+    # second it takes to import scipy.stats; imported here: a worker never needs it
+
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["method"], float(r["qps"])), []).append(r)
+        groups.setdefault((r.get("series") or r["method"], float(r["qps"])), []).append(r)
     out = []
-    for (method, qps), rs in groups.items():
-        agg: dict[str, Any] = {"method": method, "qps": qps, "seeds": len(rs)}
+    for (series, qps), rs in groups.items():
+        first = rs[0]
+        agg: dict[str, Any] = {"series": series, "method": first["method"], "router": first.get("router", ""),
+                               "instances": int(first.get("instances") or 1), "qps": qps, "seeds": len(rs)}
         for m in AGG_METRICS:
             vals = np.array([float(r[m]) for r in rs if r.get(m) not in ("", None)])
             if not len(vals):
                 continue
             agg[m] = float(vals.mean())
-            half = float(sps.t.ppf(0.975, len(vals) - 1) * vals.std(ddof=1) / np.sqrt(len(vals))) if len(vals) > 1 else 0.0
+            n = len(vals)
+            half = float(stdtrit(n - 1, 0.975) * vals.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
             agg[m + "_ci95"] = half
         out.append(agg)
     return out
 
 
 #: files a sweep writes at its folder's top (plots: these and ttft_cdf_qps<Q>.png)
-SWEEP_FILES = ("summary.csv", "aggregate.csv", "ttft_p99_vs_qps.png", "ttft_p50_vs_qps.png", "hit_rate_vs_qps.png")
+SWEEP_FILES = ("summary.csv", "aggregate.csv", "ttft_p99_vs_qps.png", "ttft_p50_vs_qps.png", "hit_rate_vs_qps.png",
+               "imbalance_vs_qps.png")
 MANIFEST, LOCK = "sweep.json", ".sweep.lock"
 
 
@@ -166,17 +222,24 @@ class Sweep:
     belady: bool = True
     workers: int = 0
     force: bool = False  # replace an earlier sweep of other settings in ``out`` (else refused)
+    instances: list[int] = field(default_factory=lambda: [1])  # cluster sizes (1: the single engine)
+    routers: list[str] = field(default_factory=lambda: ["cache_aware"])  # routers of the clusters
+    ray_address: str | None = None  # run on a Ray cluster ("auto", "local" or HOST:PORT) instead of a pool
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: list[RunTask] = field(default_factory=list)  # every run in the folder: earlier sweeps' and these
     _locked: bool = False
 
-    def tasks(self) -> list[RunTask]:
-        return [self._task(m, q, s) for q in self.qps for m in self.methods for s in self.seeds]
+    def _clusters(self) -> list[tuple[int, str]]:
+        return [(n, r) for n in self.instances for r in (self.routers if n > 1 else [""])]
 
-    def _task(self, method: str, qps: float, seed: int) -> RunTask:
+    def tasks(self) -> list[RunTask]:
+        return [self._task(m, q, s, n, r) for q in self.qps for m in self.methods for n, r in self._clusters()
+                for s in self.seeds]
+
+    def _task(self, method: str, qps: float, seed: int, instances: int = 1, router: str = "") -> RunTask:
         fixed = is_materialized(resolve(self.trace))  # a materialized trace has no seed to set
-        return RunTask(self.trace, method, qps, seed, task_config(self.config, method, qps, None if fixed else seed),
-                       str(self.out), self.belady)
+        cfg = task_config(self.config, method, qps, None if fixed else seed, instances, router)
+        return RunTask(self.trace, method, qps, seed, cfg, str(self.out), self.belady, instances, router)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -219,14 +282,15 @@ class Sweep:
                 raise UserError(f"holds a sweep of other settings ({', '.join(differs)} differ); use another "
                                 "--out, or --force to replace it", where)
             if not differs:
-                earlier = [self._task(m, float(q), int(s)) for m, q, s in old["runs"]]
+                earlier = [self._task(e[0], float(e[1]), int(e[2]), *(e[3:5] if len(e) >= 5 else ()))
+                           for e in old["runs"]]
         elif any((self.out / n).exists() for n in ("summary.csv", "runs")) and not self.force:
             raise UserError("holds a sweep without sweep.json (an older prism's); use another --out, or --force "
                             "to replace it", where)
         if self.force and not earlier:
             self._remove_earlier()
-        keys = {(t.method, t.qps, t.seed) for t in earlier}
-        return earlier + [t for t in self.tasks() if (t.method, t.qps, t.seed) not in keys]
+        keys = {t.key for t in earlier}
+        return earlier + [t for t in self.tasks() if t.key not in keys]
 
     def _remove_earlier(self) -> None:
         for name in (*SWEEP_FILES, MANIFEST):
@@ -242,9 +306,9 @@ class Sweep:
     def _run(self, on_done: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         tasks = self.merged = self._merge_earlier()
         write_json({"trace": self.trace, "config": self.config, "belady": self.belady,
-                    "runs": [[t.method, t.qps, t.seed] for t in tasks]}, self.out / MANIFEST)
-        order = {(t.method, t.qps, t.seed): i for i, t in enumerate(tasks)}
-        key = lambda r: (r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
+                    "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
+        order = {t.key: i for i, t in enumerate(tasks)}
+        key = lambda r: (r.get("series") or r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
         path = self.out / "summary.csv"
         rows = {key(r): r for r in _read_rows(path) if key(r) in order}  # kept until their run reports again
         workers = self.workers or min(len(tasks), os.cpu_count() or 1)
@@ -253,7 +317,7 @@ class Sweep:
             self.rows = sorted(rows.values(), key=lambda r: order[key(r)])
             write_csv(path, ROW_FIELDS, ({k: _fmt(r.get(k, "")) for k in ROW_FIELDS} for r in self.rows))
 
-        for summary in _execute(tasks, workers):
+        for summary in _execute(tasks, workers, self.ray_address):
             row = row_of(summary)
             rows[key(row)] = row
             save()  # the whole file, atomically: never shorter than before the sweep
@@ -261,7 +325,8 @@ class Sweep:
                 on_done(row)
         save()
         agg = aggregate(self.rows)
-        agg_fields = ["method", "qps", "seeds"] + [x for m in AGG_METRICS for x in (m, m + "_ci95")]
+        agg_fields = (["series", "method", "router", "instances", "qps", "seeds"]
+                      + [x for m in AGG_METRICS for x in (m, m + "_ci95")])
         write_csv(self.out / "aggregate.csv", agg_fields, ({k: _fmt(a.get(k, "")) for k in agg_fields} for a in agg))
         return agg
 
@@ -282,12 +347,27 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return good
 
 
-def _execute(tasks: list[RunTask], workers: int) -> Iterable[dict[str, Any]]:
+def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None) -> Iterable[dict[str, Any]]:
+    """The summary of every task, as runs finish: finished ones read back, the others simulated here, in a
+    process pool or on Ray, and written here."""
+    todo = []
+    for t in tasks:
+        done = finished_summary(t)
+        if done is not None:
+            yield done
+        else:
+            todo.append(t)
+    if ray_address is not None:
+        from prism.sim.ray_sweep import execute_on_ray  # ray is an optional extra
+
+        for t, (summary, records) in execute_on_ray(todo, ray_address):
+            yield write_task(t, summary, records)
+        return
     if workers <= 1:
-        for t in tasks:
-            yield run_task(t)
+        for t in todo:
+            yield write_task(t, *simulate_task(t))
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_task, t) for t in tasks]
+        futures = {pool.submit(simulate_task, t): t for t in todo}
         for fut in as_completed(futures):
-            yield fut.result()
+            yield write_task(futures[fut], *fut.result())

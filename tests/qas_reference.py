@@ -31,7 +31,7 @@ class ReferenceQAS:
         g = Counter(s for r in waiting for s in self.shared(r))
         known = set(self.first_seen)
         base = {s: self.w_a * active.get(s, 0) + self.w_g * g.get(s, 0) for s in known}
-        prio = {s: base[s] + self.w_n * self.next.get(s, 0) for s in known}
+        prio = base  # P(r; ∅): alignment and signatures use no reference batch
         key = lambda s: (-prio[s], self.first_seen[s])  # noqa: E731
 
         def align(r):

@@ -157,6 +157,7 @@ theory-unknown-method           | theory        | --method magic | unknown metho
 theory-unused-knobs             | theory        | --method sglang --set qas.q_cold=4 | section 'qas'
 theory-page-size-zero           | theory        | --set engine.page_size=0 | page_size
 theory-argparse-workers         | theory        | --workers 1.5 | --workers
+theory-cluster                  | theory        | --set cluster.instances=4 | prism-theory models one engine
 live-dilation-nan               | live          | --pace --dilation nan | --dilation
 live-dilation-inf               | live          | --pace --dilation inf | --dilation
 live-dilation-zero              | live          | --dilation 0 | --dilation
@@ -171,6 +172,16 @@ live-model-missing-folder       | live          | --model /nonexistent/model | /
 live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --profile h100-sxm-80g:qwen3-8b | disagree
 live-pace-bogus                 | live          | --pace bogus | 'bogus'
 live-belady                     | live          | --eviction belady | simulator only
+live-cluster-url                | live          | --instances 2 --url http://127.0.0.1:9 | --url
+live-cluster-port               | live          | --instances 3 --port 65534 | --port 65534
+live-cluster-router             | live          | --instances 2 --router nosuch | field 'router'
+live-cluster-zero               | live          | --instances 0 | instances
+sweep-instances-zero            | sim sweep     | --instances 0,4 | --instances
+sweep-instances-words           | sim sweep     | --instances a | --instances
+sweep-routers-unknown           | sim sweep     | --instances 2 --routers rr,magic | unknown router 'magic'
+sweep-router-knobs-unused       | sim sweep     | --instances 2 --routers rr --set lmetric.hot_streak=2 | section 'lmetric'
+sim-router-unknown              | sim           | --instances 2 --router magic | field 'router'
+sim-router-delay-nan            | sim           | --instances 2 --set cluster.router_delay_s=nan | router_delay_s
 live-qps-inf                    | live          | --qps inf | field 'qps'
 live-unused-knobs               | live          | --set qas.q_cold=4 | section 'qas'
 live-argparse-port              | live          | --port x | --port
@@ -450,6 +461,11 @@ CASES = [
     ("trace-argparse-no-command", "trace", {}, [], "required"),
     # --- prism-live (flag validation only: no server starts) ---
     ("live-trace-garbage", "live", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
+    ("live-url-ratio-knob", "live", {}, ["--trace", "zipf", "--url", "http://127.0.0.1:9", "--set",
+                                         "engine.init_new_token_ratio=0.5"], "engine.init_new_token_ratio"),
+    ("validate-url-clip-knob", "live", {}, ["validate", "--trace", "zipf", "--methods", "sglang", "--qps", "5",
+                                            "--url", "http://127.0.0.1:9", "--set", "engine.clip_max_new_tokens=64"],
+     "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"),
 ]
 
 CASES += zipf_cases(ZIPF_CASES)

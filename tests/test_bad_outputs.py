@@ -31,7 +31,7 @@ FOLDER_WRITERS = {
                                              "--workers", "1", "--out", o]),
     "prism-live": (live_main, lambda o: ["--trace", "zipf", *SMALL, "--url", "http://127.0.0.1:9",
                                          "--no-progress", "--out", o]),
-    "prism-live validate": (live_main, lambda o: ["validate", "--trace", "zipf", *SMALL, "--url",
+    "prism-live validate": (live_main, lambda o: ["validate", "--trace", "zipf", *SMALL, "--methods", "sglang", "--url",
                                                   "http://127.0.0.1:9", "--no-progress", "--out", o]),
 }
 # a file is expected

@@ -131,3 +131,68 @@ def test_contextpilot_known_example():
     assert 2 not in plan.align
     # grouped by first branch (1 and 3 share it, the group's oldest is 1 at t=10), longer path first
     assert [r.id for r in plan.order] == [3, 1, 2]
+
+
+docs_lists = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True).map(tuple),
+                      min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(contexts=docs_lists, queries=docs_lists)
+def test_compiled_context_tree_answers_as_the_reference(contexts, queries):
+    """The array tree (compiled distances and search) gives every query the reference's search path length,
+    first branch and end node documents, in the same order."""
+    from prism.policies.context_tree import ContextTree
+
+    tree, root = ContextTree(contexts), build_tree(contexts)
+    for q, (path_len, first, end) in zip(queries, tree.place(queries)):
+        path, node = search(root, q)
+        assert (path_len, first, tree.docs(end)) == (len(path), path[0] if path else -1, node.docs)
+    if len(contexts) > 1:  # the same distances, bit for bit
+        d = distance_matrix(contexts)
+        assert (tree.distances == d[np.triu_indices(len(contexts), k=1)]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.tuples(docs_lists, st.integers(0, 6)), min_size=1, max_size=12),
+       rebuild=st.integers(1, 20), size=st.integers(2, 30))
+def test_contextpilot_order_is_the_sort_of_its_placements(rounds, rebuild, size):
+    """Round after round (arrivals, then the engine admits a prefix of the order), the kept queue is the
+    sort the paper describes: groups by their oldest request, longer search paths first, then FIFO; each
+    request placed by the reference search on the tree of the round."""
+    from prism.policies.contextpilot import ContextPilotConfig
+
+    cp = ContextPilot(ContextPilotConfig(tree_size=size, rebuild_every=rebuild))
+    waiting, rid, built = [], 0, 0
+    for arrivals, admit in rounds:
+        for c in arrivals:
+            waiting.append(W(rid, float(rid), list(c)))
+            rid += 1
+        plan = cp.plan(waiting, SchedContext(0.0, RadixCache(None)))
+        if cp.rebuilds != built:  # the tree of the recent contexts, as of its last rebuild
+            root, built = build_tree([c for c in cp.history if c] or [()]), cp.rebuilds
+        placed = {}
+        for r in waiting:
+            path, _ = search(root, tuple(s.id for s in r.segments if s.kind == REUSE))
+            placed[r.id] = (path[0] if path else ("alone", r.id), len(path))
+        oldest = {}
+        for r in waiting:
+            g = placed[r.id][0]
+            oldest[g] = min(oldest.get(g, (r.arrival, r.id)), (r.arrival, r.id))
+        expected = sorted(waiting, key=lambda r: (oldest[placed[r.id][0]], -placed[r.id][1], r.arrival, r.id))
+        assert [r.id for r in plan.order] == [r.id for r in expected]
+        taken = plan.order[:admit]
+        cp.on_dispatch(taken, SchedContext(0.0, RadixCache(None)))
+        waiting = list(plan.order[admit:])
+
+
+
+
+def test_fcfs_hands_back_the_queue_itself():
+    """FCFS does not sort (as SGLang's): it hands the engine's queue back as it is, for the engine to drop
+    the admitted head in place."""
+    from prism.policies.fcfs import FCFS
+
+    queue = [W(i, float(5 - i), ["a"]) for i in range(5)]
+    plan = FCFS().plan(queue, SchedContext(0.0, RadixCache(None)))
+    assert plan.order is queue and [r.id for r in plan.order] == list(range(5))

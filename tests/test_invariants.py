@@ -302,16 +302,18 @@ class Observer:
             obs.decode_starts += 1
             return decode_time(cost, batch, ctx)
 
-        def evict(cache, num_tokens, key, on_evict=None):
+        def evict(cache, num_tokens, key, on_evict=None, lowered=None):
             locked = [n for n in cache.nodes() if n.lock_ref]
 
             def seen(node):
                 assert node.lock_ref == 0, f"evicted a locked node {node}"
                 assert not node.children and node is not cache.root, f"evicted a non-leaf {node}"
+                # the candidates kept between passes give what a full sort of them would
+                assert node is min(cache.evictable_leaves(), key=lambda n: (key(n), n.serial)), "not the smallest key"
                 if on_evict is not None:
                     on_evict(node)
 
-            freed = corig["evict"](cache, num_tokens, key, seen)
+            freed = corig["evict"](cache, num_tokens, key, seen, lowered)
             assert all(attached(cache, n) for n in locked), "a locked node left the tree"
             cache.check()
             obs.events["evict"] += 1

@@ -87,10 +87,22 @@ def test_worked_example_next_batch_and_publication():
         "A": 1 + 1e5, "B": 1_000_004 + 2e5, "C": 2 + 1e5, "D": 2 + 1e5, "E": 2 + 1e5, "F": 1_000_001 + 1e5,
         "sys": 1e6 + 3e5 + 5})
     assert hints.version == 1
-    # the next round's alignment uses the next counter: n(C)=1 lifts C above D and E
+    # the next round ranks by P(r; ∅): g(C) = 1 (R3) only
     plan2 = qas.plan([r for r in waiting if r.id in (3, 4)], ctx)
-    assert qas.last["priority"]["C"] == pytest.approx(1 + 1e5)  # g(C) = 1 (R3), n(C) = 1
-    assert plan2.align.get(3) == ("B", "C", "E")
+    assert qas.last["priority"]["C"] == 1
+    assert plan2.align.get(3) == ("B", "C", "E")  # C before E: equal priorities, C seen first
+
+
+def test_in_engine_starvation_bound_serves_aged_requests_first():
+    waiting, hints, ctx = worked_example()  # arrivals 1..5
+    qas = QAS(QASConfig(window_s=0.0, max_wait_s=2.5))
+    late = SchedContext(5.0, NoCache(), (), hints, batch_hint=2)  # R1 (4 s) and R2 (3 s) waited > 2.5 s
+    plan = qas.plan(waiting, late)
+    assert [r.id for r in plan.order][:2] == [1, 2] and plan.lanes[1] == plan.lanes[2] == "aged"
+    later = SchedContext(7.0, NoCache(), (), hints, batch_hint=2)  # now R1-R4 have: FIFO ahead of R5's bucket
+    assert [r.id for r in QAS(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 3, 4, 5]
+    # without the bound (or as a front end, whose window bounds the wait) the worked example's order stands
+    assert [r.id for r in QAS(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
 
 
 skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=5, unique=True).map(tuple),

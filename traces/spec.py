@@ -11,7 +11,7 @@ from typing import Any, Callable
 from prism.config import MAX_QPS, MAX_REQUESTS, MIN_QPS, build, load_yaml
 from prism.errors import UserError
 
-from prism.traces import agent, mooncake, zipf
+from prism.traces import agent, mooncake, prefix_groups, zipf
 from prism.traces import trace as trace_format
 from prism.traces.trace import Trace
 
@@ -20,9 +20,11 @@ GENERATORS: dict[str, tuple[type, Callable[[Any], Trace]]] = {
     "zipf_hotspot": (zipf.ZipfHotspotSpec, zipf.generate),
     "agent": (agent.AgentSpec, agent.generate),
     "mooncake": (mooncake.MooncakeSpec, mooncake.generate),
+    "prefix_groups": (prefix_groups.PrefixGroupsSpec, prefix_groups.generate),
 }
 
-BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml", "agent": "agent.yaml", "mooncake": "mooncake.yaml"}
+BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml",
+           "agent": "agent.yaml", "mooncake": "mooncake.yaml", "prefix20": "prefix20.yaml"}
 
 
 def resolve(source: str) -> Path:

@@ -17,12 +17,33 @@ from prism.core import PRIV, REUSE, Request, Segment
 
 
 class _SegNode:
+    """A node of the segment trie: its children by segment (equal by id and length), and their segments by
+    first token. A child is a node, or ``(segments, i)``: a path that one prompt alone has taken so far, which
+    goes on with ``segments[i + 1:]``; it becomes nodes only where a later prompt follows it."""
+
     __slots__ = ("children", "by_first")
 
     def __init__(self) -> None:
-        # segment id -> length -> (child, segment)
-        self.children: dict[str, dict[int, tuple["_SegNode", Segment]]] = {}
-        self.by_first: dict[int, list[Segment]] = {}  # children's segments by their first token
+        self.children: dict[Segment, "_SegNode | tuple[tuple[Segment, ...], int]"] = {}
+        self.by_first: dict[int, Segment | list[Segment]] = {}
+
+    def add(self, seg: Segment, child: "_SegNode | tuple[tuple[Segment, ...], int]") -> None:
+        self.children[seg] = child
+        if seg.length:
+            other = self.by_first.get(seg.first)
+            self.by_first[seg.first] = seg if other is None else [*(other if isinstance(other, list) else [other]), seg]
+
+    def expand(self, seg: Segment) -> "_SegNode":
+        """The child at ``seg`` as a node (made from a one-prompt path if need be)."""
+        child = self.children[seg]
+        if isinstance(child, _SegNode):
+            return child
+        segments, i = child
+        node = _SegNode()
+        if i + 1 < len(segments):
+            node.add(segments[i + 1], (segments, i + 1))
+        self.children[seg] = node
+        return node
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -44,30 +65,28 @@ def infinite_cache_hits(requests: Sequence[Request], keep_last_token: bool = Tru
 
 
 def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tuple[int, int]]:
-    """(token hit, whole-segment hit) per request: see :func:`infinite_cache_hits`."""
+    """(token hit, whole-segment hit) per request: see :func:`infinite_cache_hits`.
+
+    Memory: a node per segment prefix that two or more prompts share, and one entry per prompt where it leaves
+    them (its own path is referred to, not copied): O(requests) small objects."""
     root = _SegNode()
     hits = []
     for r in requests:
-        node, hit, segs, matching = root, 0, 0, True
-        for seg in r.segments:
-            by_len = node.children.setdefault(seg.id, {})
-            if matching:
-                if seg.length in by_len:
-                    hit += seg.length
-                    segs += 1
-                else:
-                    same_first = node.by_first.get(int(seg.tokens[0]), ()) if seg.length else ()
-                    hit += max((_lcp(seg.tokens, other.tokens) for other in same_first), default=0)
-                    matching = False
-            entry = by_len.get(seg.length)
-            if entry is None:
-                entry = by_len[seg.length] = (_SegNode(), seg)
-                if seg.length:
-                    node.by_first.setdefault(int(seg.tokens[0]), []).append(seg)
-            node = entry[0]
+        node, hit, whole = root, 0, 0
+        segments = r.segments
+        for i, seg in enumerate(segments):
+            if seg not in node.children:  # the prompt leaves the tree: credit a sibling's common first tokens
+                same = node.by_first.get(seg.first) if seg.length else None
+                if same is not None:
+                    hit += max(_lcp(seg.tokens, other.tokens) for other in (same if isinstance(same, list) else [same]))
+                node.add(seg, (segments, i))
+                break
+            hit += seg.length
+            whole += 1
+            node = node.expand(seg)
         if keep_last_token:
             hit = min(hit, r.prompt_len - 1)
-        hits.append((hit, segs))
+        hits.append((hit, whole))
     return hits
 
 

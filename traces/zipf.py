@@ -29,6 +29,8 @@ Content and arrivals use separate random streams: changing ``qps`` never changes
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -91,14 +93,22 @@ def _zipf_draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> list[in
 
     The first draw is exactly Zipf-distributed, which the tests check on single-hot requests.
     """
-    w = weights.copy()
-    out = []
+    key, out, drawn = weights.tobytes(), [], 0
     for _ in range(n):
-        i = int(np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right"))
-        i = min(i, len(w) - 1)
+        cumulative, total = _remaining(key, drawn)
+        i = min(bisect.bisect_right(cumulative, rng.random() * total), len(cumulative) - 1)
         out.append(i)
-        w[i] = 0.0
+        drawn |= 1 << i
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _remaining(weights: bytes, drawn: int) -> tuple[list[float], float]:
+    """Cumulative weights and their total once the indices in the bit set ``drawn`` are set to zero (numpy's
+    sums, as ever; cached, since a trace draws from the same few sets thousands of times)."""
+    w = np.frombuffer(weights).copy()
+    w[[i for i in range(len(w)) if drawn >> i & 1]] = 0.0
+    return np.cumsum(w).tolist(), float(w.sum())
 
 
 def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[str]]]:

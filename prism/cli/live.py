@@ -13,6 +13,7 @@ from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.errors import UserError
 from prism.output import check_out_dir
+from prism.policies.registry import ROUTERS
 
 EPILOG = """\
 examples:
@@ -20,12 +21,16 @@ examples:
   prism-live --model tiny --pace a800-80g-pcie:qwen3-4b-instruct-2507 --trace traces/zipf.yaml --method prism --qps 20
   prism-live --url http://127.0.0.1:30000 --trace traces/zipf.yaml --method sglang      # a running server
   prism-live validate --trace traces/zipf.yaml --methods sglang,prism --qps 15,25 --pace a800-80g-pcie:qwen3-4b-instruct-2507
+  prism-live --model tiny --instances 2 --router lmetric --trace traces/zipf.yaml --method sglang --qps 20
 
 The run is described exactly as for prism-sim (--config, --set, --method, --scheduler, --eviction, --qps,
 --seed) and writes the same requests.csv and summary.json (engine_kind: sglang). --model takes a profile
 model name (served with SGLang's dummy weights on a generated config.json: the real geometry, no hub) or a
 local model folder. --pace makes every forward pass last the profile's cost-model time x --dilation, so a
 tiny CPU model stands in for the profile's GPU; arrivals are dilated alike and results reported undilated.
+--instances N starts N servers (ports --port .. --port + N - 1) and routes each request with the simulator's
+routing policy (--router: rr, least_load, cache_aware, lmetric) from the client's own view of each server;
+requests.csv gains an instance column, summary.json the cluster block, instance-I/ each server's files.
 """
 
 
@@ -80,6 +85,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
     add_live_flags(p)
+    p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")
+    p.add_argument("--router", help=f"routing policy of several servers: {', '.join(ROUTERS)} (default cache_aware)")
     return p
 
 
@@ -103,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     apply_pace_profile(args)
     opts = options(args)
     spec = spec_from_args(args)
+    from prism.live.cluster import check_cluster
     from prism.live.run import check_method
 
-    check_method(spec)
+    check_method(spec, opts)
+    check_cluster(spec, opts)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
     from tqdm import tqdm
 
@@ -126,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     bar.close()
     print(table([summary_row(s)], ROW))
+    if "cluster" in s:
+        from prism.cli.sim import cluster_table
+
+        print(cluster_table(s["cluster"]))
     c = s["counters"]
     rounds = (f"{c.get('frontend_windows', 0)} front-end windows" if spec.deployment.front_end
               else f"{c.get('rounds', 0)} planning rounds")

@@ -20,7 +20,7 @@ from prism.settings import RunSpec, merge_flags, read_config, settings_from
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
-                                                      "zipf, multihop, agent, mooncake")
+                                                      "zipf, multihop, agent, mooncake, prefix20")
     p.add_argument("--config", help="YAML file with run settings")
     p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
     p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
@@ -38,13 +38,16 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run the flags describe: --config, then --set, then the other flags."""
     data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,
-                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed)
+                       eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed,
+                       instances=getattr(args, "instances", None), router=getattr(args, "router", None))
     return settings_from(data, args.config or "settings").resolve(args.trace)
 
 
 def out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
-    """--out, else runs/<trace>/<method>-qps<QPS>-seed<SEED> (qpstrace: the trace's own timestamps)."""
+    """--out, else runs/<trace>/<method>-qps<QPS>-seed<SEED> (qpstrace: the trace's own timestamps), with
+    -<ROUTER>x<N> for a cluster of N instances."""
     if args.out:
         return Path(args.out)
     qps = "trace" if spec.qps_measured else f"{spec.qps:g}"
-    return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}"
+    cluster = f"-{spec.cluster.router}x{spec.cluster.instances}" if spec.cluster.instances > 1 else ""
+    return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}{cluster}"

@@ -9,6 +9,7 @@ from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.metrics import RUN_FILES, RecordStream, write_json, write_requests_csv
 from prism.output import prepare_run_dir
+from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 
 EPILOG = """\
@@ -17,11 +18,19 @@ examples:
   prism-sim --trace traces/zipf.yaml --method fcfs --qps 40 --out runs/fcfs40
   prism-sim --trace traces/zipf.yaml --scheduler lpm --eviction lfu --set engine.max_total_tokens=65536
   prism-sim --trace my_trace.jsonl --config engine.yaml --set trace.num_requests=200
+  prism-sim --trace traces/mooncake.yaml --set engine.max_total_tokens=null --instances 8 --router lmetric
 
 Settings come from --config (YAML sections: method, scheduler, eviction, profile, engine, trace and one
 section per policy with knobs), then --set KEY=VALUE, then the flags, over the engine settings the trace
 spec's own engine: section gives. The KV pool is GPU-sized by default (engine.max_total_tokens: null, as
 SGLang sizes it from the profile's memory); a smaller pool is a sensitivity knob.
+
+--instances N runs N engines (each with the method's own policies and cache) behind a router (--router:
+rr, least_load, cache_aware (default: sglang-router's) or lmetric). Cluster settings: --set
+cluster.router_delay_s=0.001 (serial router), cluster.view_interval_s=0.05 (a stale load view),
+cluster.profiles=[h200-141g:MODEL,...] (one per instance), and the router's own section (--set
+lmetric.hot_streak=8, --set cache_aware.cache_threshold=0.5). The summary adds per-instance load, hit rate and
+TTFT and the imbalance (max/mean requests); requests.csv adds an instance column.
 
 A run folder holds one run: a run removes an earlier summary.json before it streams requests.csv, so a
 requests.csv without summary.json is a run that was killed; Ctrl-C writes a partial summary.json
@@ -33,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
+    p.add_argument("--instances", type=int, help="engine instances behind a router (default 1: one engine)")
+    p.add_argument("--router", help=f"routing policy of a cluster: {', '.join(ROUTERS)} (default cache_aware)")
     return p
 
 
@@ -46,6 +57,16 @@ SUMMARY_HEADER = ["method", "qps", "requests", "ttft_mean_s", "ttft_p50_s", "ttf
                   "hit_rate", "inf_served", "inf_trace", "throughput_rps"]
 
 
+def cluster_table(c: dict) -> str:
+    """Per-instance load, hit rate and TTFT of a cluster run, and its imbalance."""
+    rows = [[p["instance"], p["profile"], p["requests"], p["share"], p["prefill_tokens"], p["hit_rate"],
+             p["ttft_p50_s"], p["ttft_p99_s"]] for p in c["per_instance"]]
+    return (table(rows, ["instance", "profile", "requests", "share", "prefill_tokens", "hit_rate", "ttft_p50_s",
+                         "ttft_p99_s"])
+            + f"\n{c['instances']} instances, router {c['router']}: imbalance (max/mean requests) "
+              f"{c['imbalance']:.3f}, of prefill tokens {c['imbalance_prefill_tokens']:.3f}")
+
+
 @entry_point("prism-sim")
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else list(argv)
@@ -56,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(args_list)
     spec = spec_from_args(args)
     out = prepare_run_dir(out_dir(args, spec), RUN_FILES)
-    stream = RecordStream(out / "requests.csv")  # an interrupted run keeps the requests it finished
+    cluster = spec.cluster.instances > 1
+    stream = RecordStream(out / "requests.csv", cluster=cluster)  # an interrupted run keeps the requests it finished
     try:
         result = simulate(spec, progress=not args.no_progress and sys.stderr.isatty(), on_record=stream,
                           served_reference=True)
     except SimInterrupted as e:
         stream.close()
-        write_requests_csv(e.result.records, out / "requests.csv")
+        write_requests_csv(e.result.records, out / "requests.csv", cluster=cluster)
         write_json(e.result.summary, out / "summary.json")
         print(f"prism-sim: {e}; partial results in {out / 'requests.csv'} and {out / 'summary.json'} "
               "(complete: false)", file=sys.stderr)
@@ -70,14 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stream.close()
     s = result.summary
-    write_requests_csv(result.records, out / "requests.csv")
+    write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
     write_json(s, out / "summary.json")
     print(table(_summary_rows(s), SUMMARY_HEADER))
+    if "cluster" in s:
+        print(cluster_table(s["cluster"]))
     c = s["counters"]
     print(f"admission wait p50/p99 {s['w_admit_s']['p50']:.3f}/{s['w_admit_s']['p99']:.3f} s, "
           f"prefill p50 {s['t_prefill_s']['p50']:.3f} s; {c.get('prefill_iterations', 0)} prefill and "
           f"{c.get('decode_iterations', 0)} decode iterations; KV capacity {s['kv_capacity_tokens']} tokens "
           f"({s['profile']}); simulated in {s['wall_s']:.2f} s")
+    if c.get("retractions"):
+        print(f"KV ran out mid-decode: {c['retractions']} retractions, {c.get('reprefilled_tokens', 0)} tokens "
+              f"prefilled again ({c.get('reprefill_hit_tokens', 0)} found cached)")
     if s["throughput_rps"] < 0.9 * s["qps"]:
         print(f"note: the engine serves {s['throughput_rps']:.1f} requests/s of the {s['qps']:g} offered: it is "
               "overloaded, and TTFT grows with the length of the trace (see prism-theory for the knee)")

@@ -10,20 +10,27 @@ from tqdm import tqdm
 
 from prism.cli.common import check_workers, parse_rates, table
 from prism.errors import UserError
-from prism.policies.registry import METHODS
-from prism.sim.plots import plot_sweep
-from prism.settings import check_knobs_used, merge_flags, read_config, settings_from
+from prism.policies.registry import METHODS, check_router
+from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
 
 EPILOG = """\
-example:
+examples:
   prism-sim sweep --trace traces/zipf.yaml --methods sglang,klpm,contextpilot,prism --qps 40,50,60,70,80 --seeds 3
+  prism-sim sweep --trace traces/mooncake.yaml --set engine.max_total_tokens=null --methods sglang \
+      --qps 2,3.4 --instances 4,8 --routers rr,least_load,cache_aware,lmetric --ray auto
 
 Methods are presets (%s) or SCHEDULER+EVICTION pairs such as qas+lru. Seeds are the trace seed plus
 0..N-1 (prompts and arrivals change with the seed). Writes DIR/summary.csv (a row per run, as runs finish),
 DIR/aggregate.csv (mean and 95%% CI per method and QPS), DIR/runs/<method>/qps<Q>-seed<S>/ and the plots
 ttft_p99_vs_qps.png, ttft_p50_vs_qps.png, hit_rate_vs_qps.png and ttft_cdf_qps<Q>.png.
+
+--instances N1,N2 with --routers R1,R2 runs every method also on clusters of N instances behind each router:
+one curve (series) per METHOD@ROUTERxN in the tables and plots (runs/<series>/...), plus
+imbalance_vs_qps.png; an instance count of 1 is the method on one engine. --ray ADDRESS runs the sweep on a
+Ray cluster (auto: the cluster this machine joined with `ray start`; ray://HOST:10001; local: a private Ray
+on this machine) with results identical to the process pool's; needs pip install -e ".[ray]".
 
 One sweep at a time writes in a folder (DIR/.sweep.lock). A sweep into a folder that holds an earlier sweep
 of the same trace and settings merges with it (its runs are kept, the tables and plots cover both); one of
@@ -37,14 +44,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--trace", required=True, help="trace spec (YAML) or a built-in spec: zipf, multihop, agent, "
-                                                  "mooncake")
+                                                  "mooncake, prefix20")
     p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
     p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
+    p.add_argument("--instances", help="comma-separated cluster sizes, e.g. 1,4,8 (default: the settings' "
+                                       "cluster.instances, else 1)")
+    p.add_argument("--routers", help="comma-separated routers of the clusters (default: the settings' "
+                                     "cluster.router, else cache_aware)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: auto, ray://HOST:10001, HOST:PORT, or "
+                                                    "local (a private Ray on this machine)")
     p.add_argument("--no-belady", action="store_true", help="skip the Belady reference runs (halves the cost)")
     p.add_argument("--cdf-qps", type=float, help="QPS of the TTFT CDF plot (default: the middle QPS)")
     p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
@@ -52,6 +65,16 @@ def parser() -> argparse.ArgumentParser:
                                                         "(default: refused; one of the same settings is merged)")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UserError(f"{flag}: expected instance counts >= 1, got {text!r}")
+    return list(dict.fromkeys(vals))
 
 
 def main(argv: list[str]) -> int:
@@ -69,9 +92,18 @@ def main(argv: list[str]) -> int:
     where = args.config or "settings"
     materialized = is_materialized(resolve(args.trace))
     check_knobs_used(base, methods, where)
+    cluster = base.get("cluster") if isinstance(base.get("cluster"), dict) else {}
+    instances = _ints(args.instances, "--instances") if args.instances else [int(cluster.get("instances") or 1)]
+    routers = ([check_router(r.strip()) for r in args.routers.split(",") if r.strip()] if args.routers
+               else [str(cluster.get("router") or "cache_aware")])
+    if not routers:
+        raise UserError(f"--routers: expected comma-separated routers, got {args.routers!r}")
+    check_router_knobs_used(base, routers, where)
     for m in methods:  # validate every combination before starting workers
-        cfg = task_config(base, m, qps[0], None if materialized else 0)
-        settings_from(cfg, where).engine_for(args.trace)
+        for n in instances:
+            for r in routers if n > 1 else [""]:
+                cfg = task_config(base, m, qps[0], None if materialized else 0, n, r)
+                settings_from(cfg, where).engine_for(args.trace)
     check_source(args.trace, cfg["trace"])
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
@@ -79,7 +111,7 @@ def main(argv: list[str]) -> int:
     seeds = [int(seed0) + i for i in range(args.seeds)]
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
-                  workers=args.workers, force=args.force)
+                  workers=args.workers, force=args.force, instances=instances, routers=routers, ray_address=args.ray)
     cdf = args.cdf_qps if args.cdf_qps is not None else sorted(qps)[len(qps) // 2]
     with sweep.lock():  # one sweep at a time in a folder, plots included
         bar = tqdm(unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
@@ -87,19 +119,22 @@ def main(argv: list[str]) -> int:
         bar.close()
         first_seed = {}
         for t in sweep.merged:
-            first_seed.setdefault((t.method, t.qps), t.folder)
+            first_seed.setdefault((t.series, t.qps), t.folder)
+        from prism.sim.plots import plot_sweep  # matplotlib: only once the runs are done
+
         plots = plot_sweep(out, agg, cdf, first_seed)
     total, merged = len(sweep.merged), len(sweep.merged) - len(sweep.tasks())
-    order = list(dict.fromkeys(t.method for t in sweep.merged))
+    order = list(dict.fromkeys(t.series for t in sweep.merged))
     rows = []
-    for a in sorted(agg, key=lambda a: (order.index(a["method"]), a["qps"])):
-        rows.append([a["method"], a["qps"], f"{a['ttft_p50_s']:.3g} ± {a['ttft_p50_s_ci95']:.2g}",
+    for a in sorted(agg, key=lambda a: (order.index(a["series"]), a["qps"])):
+        rows.append([a["series"], a["qps"], f"{a['ttft_p50_s']:.3g} ± {a['ttft_p50_s_ci95']:.2g}",
                      f"{a['ttft_p99_s']:.3g} ± {a['ttft_p99_s_ci95']:.2g}", f"{a['hit_rate']:.3f}",
                      f"{a['belady_hit_rate']:.3f}" if "belady_hit_rate" in a else "-",
                      f"{a['served_infinite_cache_hit_rate']:.3f}" if "served_infinite_cache_hit_rate" in a else "-",
-                     f"{a['infinite_cache_hit_rate']:.3f}", f"{a['throughput_rps']:.1f}"])
-    print(table(rows, ["method", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_served",
-                       "inf_trace", "throughput_rps"]))
+                     f"{a['infinite_cache_hit_rate']:.3f}", f"{a['throughput_rps']:.1f}",
+                     f"{a['imbalance']:.3f}" if "imbalance" in a else "-"])
+    print(table(rows, ["series", "qps", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit", "inf_served",
+                       "inf_trace", "throughput_rps", "imbalance"]))
     if merged:
         print(f"merged with an earlier sweep of the same settings in {out}: {merged} of the {total} runs are its")
     print(f"{total} runs; wrote {out / 'summary.csv'}, {out / 'aggregate.csv'} and "

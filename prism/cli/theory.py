@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from prism.cli.common import check_workers, entry_point, parse_rates, table
+from prism.errors import UserError
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
 from prism.output import atomic_path, check_out_file, write_csv
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     base = merge_flags(read_config(args.config), args.overrides, profile=args.profile)
     where = args.config or "settings"
     check_knobs_used(base, [args.method], where)
+    if base.get("cluster"):
+        raise UserError("section 'cluster': prism-theory models one engine (run a cluster with prism-sim "
+                        "--instances)", where)
     fixed = is_materialized(resolve(args.trace))  # a materialized trace has no seed to set
     spec = settings_from(task_config(base, args.method, qps[0], None if fixed else 0), where).resolve(args.trace)
     seed = int(spec.seed or 0)

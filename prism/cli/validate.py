@@ -2,7 +2,8 @@
 
 For each method and QPS the run is described once (one RunSpec), simulated, and served live; the table puts
 hit rate, P50/P90/P99 TTFT and throughput of both engines next to each other with their ratios (live / sim)
-and flags where they depart from the fidelity target (hit rate within 2 points, P50 and P99 TTFT within 15%).
+and flags where they depart from the fidelity target (hit rate within 2 points, P50 and P99 TTFT within 15%),
+with the retractions each engine made.
 The difference is the simulator's engine-model error: the live side runs SGLang's real scheduler, cache,
 admission and retraction, with only the step times modelled (when paced).
 """
@@ -24,7 +25,7 @@ from prism.settings import check_knobs_used, for_method, merge_flags, read_confi
 HIT_POINTS, TTFT_REL = 0.02, 0.15
 COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", "p50_live_s", "p50_ratio",
            "p90_sim_s", "p90_live_s", "p90_ratio", "p99_sim_s", "p99_live_s", "p99_ratio", "thr_sim", "thr_live",
-           "thr_ratio", "within_target"]
+           "thr_ratio", "retractions_sim", "retractions_live", "within_target"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,7 +55,12 @@ def compare(method: str, qps: float, sim: dict, live: dict) -> list:
     ok = abs(dh) <= HIT_POINTS and abs(r50 - 1) <= TTFT_REL and abs(r99 - 1) <= TTFT_REL
     return [method, qps, sim["hit_rate"], live["hit_rate"], dh * 100, ts["p50"], tl["p50"], r50, ts["p90"],
             tl["p90"], r90, ts["p99"], tl["p99"], r99, sim["throughput_rps"], live["throughput_rps"],
-            _ratio(live["throughput_rps"], sim["throughput_rps"]), ok]
+            _ratio(live["throughput_rps"], sim["throughput_rps"]), _retractions(sim), _retractions(live), ok]
+
+
+def _retractions(summary: dict) -> int:
+    """Requests the engine retracted (``engine.admission: sglang``; SGLang's own, counted by the plugin)."""
+    return int(summary.get("counters", {}).get("retractions", 0))
 
 
 def plot(rows: list[list], path: Path) -> None:
@@ -98,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         for q in rates:
             data = merge_flags(copy.deepcopy(for_method(base, m)), [], method=m, qps=q)
             specs.append(settings_from(data, where).resolve(args.trace))
+    from prism.live.cluster import check_cluster
     from prism.live.run import check_method
 
     for spec in specs:
-        check_method(spec)
+        check_method(spec, opts)
+        check_cluster(spec, opts)
     out = prepare_out_dir(args.out, "--out")
     for name in ("validate.csv", "validate.json", "validate.png"):
         check_out_file(out / name, "--out")

@@ -1,19 +1,25 @@
 """End to end on a real SGLang server (CPU, the 2-layer ``tiny`` geometry, dummy weights).
 
-* prism-live with ``--method prism`` and ``--method sglang`` on a 100-request trace that queues and evicts:
+* prism-live with ``--method prism`` (SGLang's admission) and ``--method sglang`` (``engine.admission: full``,
+  which never retracts) on a 100-request trace that queues and evicts:
   results in prism-sim's schema, hit tokens, and the plugin's counters from the scheduler process (QAS
   rounds, realignments, DART evictions by tier);
 * a server killed mid-run, and Ctrl-C: partial results, ``complete: false``, one line (exit status 1 and
   130), no process left behind;
 * a small paced validate run at low load: hit rates within 2 points of the simulator's, TTFT within the
-  tolerance documented in README (Live mode); and one of QAS as a front end (``qas.window_s`` 0.05), whose
-  windows the plugin holds and releases in the scheduler (``live/frontend.py``).
+  tolerance documented in README (Live mode);
+* a paced validate run on a small KV pool where SGLang retracts (``engine.admission: sglang``): the live
+  server retracted, re-prefilled, and agrees with the simulator on retractions and hit rate (prism runs QAS
+  as a front end there, the default: retracted requests go straight back to SGLang's queue);
+* a paced validate run of QAS as a front end (``qas.window_s`` 0.05), whose windows the plugin holds and
+  releases in the scheduler (``live/frontend.py``).
 
-Each server start costs 20-45 s on two cores; the module keeps to seven starts.
+Each server start costs 20-45 s on two cores; the module keeps to eight starts.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -47,13 +53,20 @@ def _processes_with(text: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("method", ["prism", "sglang"])
-def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, method, capsys):
+@pytest.mark.parametrize("method,admission", [("prism", "sglang"), ("sglang", "full")])
+def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, method, admission, capsys):
     out = tmp_path / method
     pin = ["--set", "qas.window_s=0"] if method == "prism" else []  # QAS inside SGLang's scheduling round
-    assert live_main([*SMALL, "--method", method, *pin, "--qps", "200", "--out", str(out), "--port", "30131"]) == 0
+    assert live_main([*SMALL, "--method", method, *pin, "--qps", "200", "--out", str(out), "--port", "30131",
+                      "--set", f"engine.admission={admission}"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["complete"] and s["engine_kind"] == "sglang" and s["num_requests"] == 100
+    assert s["engine"]["admission"] == admission and s["server_admission_env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] == "0.7"
+    # every request generated exactly its output length (the client checks it too), EOS banned or ignored
+    with (out / "requests.csv").open() as f:
+        assert [int(r["output_tokens"]) for r in csv.DictReader(f)] == [32] * 100  # zipf: output_len 32
+    if admission == "full":  # ignore_eos: SGLang reserves the whole remaining decode and never retracts
+        assert "retractions" not in s["counters"], s["counters"]
     assert s["hit_tokens"] > 0 and 0 < s["hit_rate"] < 1
     header = (out / "requests.csv").read_text().splitlines()[0].split(",")
     from prism.metrics import CSV_COLUMNS
@@ -68,7 +81,8 @@ def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, m
     if method == "prism":
         assert c["rounds"] > 0 and c["front_alignment_moves"] > 0, c  # QAS ran and realigned in SGLang
         assert c["evicted_tokens_private"] > 0, c  # DART's tiers
-        assert c["admitted_hot_lane"] + c.get("admitted_cold_lane", 0) == 100
+        # a retracted request is admitted again (counted again, as in the simulator)
+        assert c["admitted_hot_lane"] + c.get("admitted_cold_lane", 0) == 100 + c.get("retractions", 0)
     else:
         assert "rounds" not in c  # SGLang's own LPM: the scheduling hook stays out
     assert not _processes_with(str(out / "plugin.json"))
@@ -143,12 +157,39 @@ def test_paced_validate_matches_the_simulator_at_low_load(tmp_path):
     assert (out / "validate.csv").exists() and (out / "validate.png").exists()
 
 
+def test_paced_validate_with_retraction_agrees_with_the_simulator(tmp_path):
+    # 16 requests of ~770 prompt + 96 output tokens at 12 QPS on a 3,072-token pool, with the new-token ratio
+    # decaying in 20 decode steps: admission soon reserves too little decode, and the simulator retracts 3
+    # times (prism) in 3.4 s of profile time (14 s at D = 4)
+    out = tmp_path / "retract"
+    rc = live_main(["validate", "--trace", "zipf", "--methods", "prism", "--qps", "12",
+                    "--set", "trace.num_requests=16", "--set", "trace.output_len=96",
+                    "--set", "engine.max_total_tokens=3072", "--set", "engine.new_token_ratio_decay_steps=20",
+                    "--pace", "a800-80g:qwen3-4b-instruct-2507", "--dilation", "4",
+                    "--out", str(out), "--no-progress", "--port", "30135"])
+    assert rc == 0
+    (row,) = json.loads((out / "validate.json").read_text())
+    live = json.loads((out / "prism" / "qps12" / "live" / "summary.json").read_text())
+    assert live["engine"]["admission"] == "sglang" and live["complete"]
+    assert live["server_admission_env"]["SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS"] == "20"
+    c = live["counters"]
+    # SGLang itself retracted (the plugin counts in its retract_decode), and the retracted requests came back
+    assert c["retractions"] >= 1 and c["retracted_output_tokens"] >= c["retractions"], c
+    assert c["reprefilled_tokens"] >= c["retracted_output_tokens"], c  # at least the dropped output again
+    assert row["retractions_live"] == c["retractions"] and row["retractions_sim"] >= 1, row
+    # Same rules on both sides, but the run is chaotic near ties (one batch boundary moves a retraction by a
+    # decode step, which can add or save one): counts within one, plus a fifth for longer runs. Hit rate: each
+    # retraction's re-prefill is not a hit in either engine, so the README's 2 points hold.
+    assert abs(row["retractions_live"] - row["retractions_sim"]) <= 1 + row["retractions_sim"] // 5, row
+    assert abs(row["hit_diff_pts"]) <= 2.0, row
+
+
 def test_paced_validate_of_the_window_front_end_matches_the_simulator(tmp_path):
     out = tmp_path / "validate-window"
     rc = live_main(["validate", "--trace", "zipf", "--methods", "prism", "--qps", "10",
                     "--set", "trace.num_requests=30", "--set", "qas.window_s=0.05",
                     "--pace", "a800-80g:qwen3-4b-instruct-2507", "--out", str(out), "--no-progress",
-                    "--port", "30135"])
+                    "--port", "30136"])
     assert rc == 0
     [row] = json.loads((out / "validate.json").read_text())
     assert abs(row["hit_diff_pts"]) <= 2.0, row

@@ -1,0 +1,96 @@
+"""SGLang router's cache-aware routing policy (sglang-router, the Rust router on PyPI; ``cache_aware``, its
+default policy), over the simulator's token prompts.
+
+The rule, as ``sgl-router/src/policies/cache_aware.rs`` implements it:
+
+1. **Imbalance check** on the workers' loads (requests the router has in flight there): the system is
+   imbalanced iff ``max_load - min_load > balance_abs_threshold`` **and**
+   ``max_load > balance_rel_threshold * min_load``. Then the request goes to the least loaded worker
+   (shortest queue), and its prompt is still recorded in that worker's approximate tree.
+2. Otherwise **cache affinity**: find the worker whose approximate tree (:mod:`prism.policies.approx_tree`:
+   the prompts the router sent there) shares the longest prefix with the prompt. If
+   ``match_rate = matched / prompt length > cache_threshold`` the request goes there; else to the worker
+   whose tree is smallest (most cache room, by the router's estimate). The prompt is inserted into the chosen
+   worker's tree.
+3. Every ``eviction_interval_s`` each tree is cut back to ``max_tree_size`` by dropping least recently used
+   leaves.
+
+Published defaults (sglang-router's launcher, ``sglang_router/router_args.py``, and the ``--help`` of
+``python -m sglang_router.launch_router``): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
+``balance_rel_threshold`` 1.5, ``eviction_interval_secs`` 120, ``max_tree_size`` 2**26 (the Rust library's own
+``CacheAwareConfig::default()`` differs: 0.5 / 32 / 1.1 / 30 / 10000; a router started from the command line
+uses the launcher's, and so do we).
+
+Choices where the router is not exact about its own behaviour or works on other units:
+
+* prompts are token ids, so match rates and tree sizes count tokens, not characters;
+* several workers with the same longest match, or the same smallest tree: the router takes whichever its
+  concurrent map yields first; we take the least loaded of them, then the first after the previous choice
+  (rotating), which is deterministic and does not pile ties onto worker 0;
+* the load is the instance's outstanding requests (running + queued) as the cluster's view reports them,
+  which the router tracks itself (incremented on routing, decremented on completion).
+
+Cost per request: one walk of each worker's tree (N memcmp descents) and one insert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from prism.config import fraction, nonneg, positive
+from prism.policies.approx_tree import ApproxTree
+from prism.policies.base import WaitingRequest
+from prism.policies.routing import InstanceView, Router, argmin_from, outstanding
+
+
+@dataclass
+class CacheAwareConfig:
+    cache_threshold: float = fraction(0.3, "match rate above which the longest-match worker is chosen")
+    balance_abs_threshold: int = nonneg(64, "imbalanced if max load - min load exceeds this (and ...)")
+    balance_rel_threshold: float = positive(1.5, "... max load exceeds this times min load")
+    eviction_interval_s: float = positive(120.0, "seconds between evictions of the approximate trees")
+    max_tree_size: int = positive(2 ** 26, "tokens each approximate tree keeps after an eviction")
+
+
+def imbalanced(loads: Sequence[int], cfg: CacheAwareConfig) -> bool:
+    """The router's imbalance test: both thresholds exceeded."""
+    hi, lo = max(loads), min(loads)
+    return hi - lo > cfg.balance_abs_threshold and hi > cfg.balance_rel_threshold * lo
+
+
+class CacheAware(Router):
+    def __init__(self, cfg: CacheAwareConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or CacheAwareConfig()
+        self.trees: list[ApproxTree] = []
+        self.last = -1
+        self.next_eviction = self.cfg.eviction_interval_s
+
+    def route(self, request: WaitingRequest, views: Sequence[InstanceView], now: float) -> int:
+        cfg, n = self.cfg, len(views)
+        if not self.trees:
+            self.trees = [ApproxTree() for _ in range(n)]
+        if now >= self.next_eviction:
+            for tree in self.trees:
+                tree.evict_to(cfg.max_tree_size)
+            self.next_eviction = now + cfg.eviction_interval_s
+        loads = [outstanding(v) for v in views]
+        key = request.key
+        if imbalanced(loads, cfg):
+            choice = argmin_from(loads, self.last + 1)
+            self.count("route_balance")
+        else:
+            matched = [t.match_len(key) for t in self.trees]
+            best = max(matched)
+            if request.prompt_len and best / request.prompt_len > cfg.cache_threshold:
+                tied = [i for i in range(n) if matched[i] == best]
+                self.count("route_cache_hit")
+            else:
+                smallest = min(t.size for t in self.trees)
+                tied = [i for i in range(n) if self.trees[i].size == smallest]
+                self.count("route_cache_miss")
+            choice = argmin_from([loads[i] if i in tied else float("inf") for i in range(n)], self.last + 1)
+        self.trees[choice].insert(key, now)
+        self.last = choice
+        return choice

@@ -1,0 +1,40 @@
+"""``prism-sim`` starts lean: a plain run imports none of the heavy libraries that only some commands need
+(numba for QAS, scipy for ContextPilot and sweep statistics, matplotlib for plots). Measured in a fresh
+interpreter, since this test process has imported everything already. (The time it saves is measured by
+benchmarks/bench_start.py, not here.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("matplotlib", "scipy", "numba")
+
+PROBE = """
+import json, sys
+import prism.cli.sim as cli
+heavy = lambda: sorted(m for m in {heavy!r} if m in sys.modules)
+after_import = heavy()
+code = cli.main(["--trace", "zipf", "--method", "{method}", "--set", "trace.num_requests=64", "--no-progress",
+                 "--out", "run"])
+after_run = heavy()
+import prism.sim.plots  # the probe sees an import when one happens
+print(json.dumps([code, after_import, after_run, heavy()]))
+"""
+
+
+def probe(method: str, cwd) -> list:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY, method=method)], cwd=cwd,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_plain_run_imports_no_heavy_module(tmp_path):
+    for method in ("fcfs", "sglang"):
+        code, after_import, after_run, after_plots = probe(method, tmp_path)
+        assert code == 0
+        assert after_import == [] and after_run == [], method
+        assert "matplotlib" in after_plots
+    assert (tmp_path / "run" / "requests.csv").stat().st_size > 0
