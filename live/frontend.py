@@ -13,6 +13,9 @@ Choices:
 * Only first arrivals are held. A retracted request (SGLang re-queues it with ``is_retracted``), any request
   the front end has seen before, an aborted one and one without prism's metadata go straight to the waiting
   queue: a front end sees arrivals only.
+* A request's arrival is its send time, which the client stamps (``prism_sent``, on the machine's monotonic
+  clock; the scheduler's receipt time without it): the scheduler receives requests only between batches, so
+  its own receipt would stretch a window by up to a batch and move requests into later windows.
 * A window closes at its deadline even when the scheduler notices later: the scheduler checks at the top of
   each loop iteration (``get_next_batch_to_run``), so a running batch delays the release but never changes which
   requests a window holds; an arrival after the deadline opens the next window, and windows that closed during
@@ -36,6 +39,7 @@ from typing import Callable
 
 from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
 
+from prism.live.requests import SENT_KEY
 from prism.live.seq import LiveSeq
 
 
@@ -58,15 +62,18 @@ class LiveFrontEnd:
         return sum(len(w) for _, w in self.windows)
 
     def hold(self, req, retracted: bool, now: float) -> bool:
-        """Whether ``req``, about to join SGLang's waiting queue at ``now``, is held in a window instead."""
+        """Whether ``req``, about to join SGLang's waiting queue at ``now``, is held in a window instead (the
+        window of its send time)."""
         if (retracted or getattr(req, "_prism", None) is not None or req.finished()
                 or req.to_finish is not None):  # to_finish: aborted on arrival (its prompt is gone)
             return False
-        seq = LiveSeq.of(req, now)
+        sent = (req.sampling_params.custom_params or {}).get(SENT_KEY)
+        arrival = sent if isinstance(sent, (int, float)) and sent <= now else now
+        seq = LiveSeq.of(req, arrival)
         if seq is None:
             return False
-        if not self.windows or now >= self.windows[-1][0]:  # a window opens with its first arrival
-            self.windows.append((now + self.window, []))
+        if not self.windows or arrival >= self.windows[-1][0]:  # a window opens with its first arrival
+            self.windows.append((arrival + self.window, []))
         self.windows[-1][1].append(seq)
         return True
 

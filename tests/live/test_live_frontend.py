@@ -227,3 +227,24 @@ def test_hooks_hold_arrivals_release_windows_and_pass_retracted_requests(front_s
     assert snap["frontend_windows"] == 2 and snap["frontend_idle_releases"] == 1
     assert snap["frontend_idle_release_lag_ms_max"] == pytest.approx(100.0)  # deadline 101.1, released 101.2
     assert snap["qas_rounds"] == 2
+
+
+def test_a_request_joins_the_window_of_its_send_time_not_of_its_receipt():
+    """The scheduler receives requests only between batches: one sent before a window's deadline but received
+    after it (``prism_sent``, the client's stamp) still belongs to that window; one sent after it opens the next."""
+    policies = _policies()
+    counters: Counter = Counter()
+    front = LiveFrontEnd(policies.front_end, 0.5, policies.hints, counters)
+    reqs = [sglang_req(r) for r in trace(random.Random(5), 4)]
+    for req, sent in zip(reqs, (None, 10.4, 10.6, 11.0)):
+        if sent is not None:
+            req.sampling_params.custom_params["prism_sent"] = sent
+    assert front.hold(reqs[0], False, 10.0)  # no stamp: received = sent
+    assert front.hold(reqs[1], False, 10.7) and front.hold(reqs[2], False, 10.7)  # received after a batch
+    assert front.hold(reqs[3], False, 10.65)  # a stamp later than its receipt is not trusted: sent at 10.65
+    assert reqs[1]._prism.arrival == 10.4 and reqs[3]._prism.arrival == 10.65
+    got: list = []
+    front.release(10.7, sglang_cache(policies.eviction), got.append)
+    assert sorted(r.rid for r in got) == sorted([reqs[0].rid, reqs[1].rid]) and front.held() == 2
+    front.release(11.1, sglang_cache(policies.eviction), got.append)  # 10.6 + 0.5: the second window
+    assert len(got) == 4 and counters["frontend_windows"] == 2
