@@ -9,8 +9,7 @@
 * a small paced validate run at low load: hit rates within 2 points of the simulator's, TTFT within the
   tolerance documented in README (Live mode);
 * a paced validate run on a small KV pool where SGLang retracts (``engine.admission: sglang``): the live
-  server retracted, re-prefilled, and agrees with the simulator on retractions and hit rate (prism runs QAS
-  as a front end there, the default: retracted requests go straight back to SGLang's queue);
+  server retracted, re-prefilled, and agrees with the simulator on retractions and hit rate;
 * a paced validate run of QAS as a front end (``qas.window_s`` 0.05), whose windows the plugin holds and
   releases in the scheduler (``live/frontend.py``).
 
