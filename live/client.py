@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from prism.live.requests import LiveRequest, length_params
+from prism.live.requests import SENT_KEY, LiveRequest, length_params
 
 
 class ReplayError(RuntimeError):
@@ -79,7 +79,7 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
             url, picked = dispatch.pick(req), True
         payload = {
             "input_ids": req.input_ids,
-            "sampling_params": {**length(req.output_len), "temperature": 0.0, "custom_params": req.meta, **extra},
+            "sampling_params": {**length(req.output_len), "temperature": 0.0, "custom_params": {**req.meta, SENT_KEY: sent}, **extra},
             "stream": True,
             "rid": f"prism-{req.id}",
         }

@@ -4,8 +4,10 @@ One :class:`LiveState` per scheduler process holds the policy objects (built by 
 simulator's), their shared :class:`~prism.policies.base.DemandHints`, the radix cache, the pacer and the
 counters. The hooks, in the order of one scheduler iteration:
 
+* ``Scheduler._add_request_to_queue`` (around; front-end deployment only): holds each new arrival in a window
+  (:mod:`prism.live.frontend`); retracted requests pass straight through;
 * ``Scheduler.get_next_batch_to_run`` (around): notes when the loop iteration started (the pacing anchor
-  after an idle spell) and the scheduler object;
+  after an idle spell) and the scheduler object, and releases the front end's windows that have closed;
 * ``SchedulePolicy.calc_priority`` (around; prism's schedulers only, SGLang's own LPM/FCFS/DFS-weight run
   unhooked): runs ``plan()`` on the waiting queue and writes ``Plan.order`` back in place, as SGLang's own
   policies sort it; the scheduler then admits in list order;
@@ -38,8 +40,9 @@ from prism.calibration.cost_model import CostModel
 from prism.core import PRIV, REUSE, SYS, SegmentedPrompt, SegmentTable
 from prism.output import write_atomic_text
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
-from prism.policies.registry import make_policies, policy_configs
+from prism.policies.registry import Deployment, engine_scheduler, make_policies, policy_configs
 
+from prism.live.frontend import LiveFrontEnd
 from prism.live.pacing import Pacer
 from prism.live.seq import LiveSeq
 
@@ -99,23 +102,39 @@ def _plugin_time(fn):
     return timed
 
 
+def deployment(config: dict[str, Any]) -> Deployment:
+    """The run's deployment, as the plugin config carries it (absent: inside the engine)."""
+    return Deployment(**(config.get("deployment") or {}))
+
+
+def engine_scheduler_of(config: dict[str, Any]) -> str:
+    """The scheduler SGLang's scheduling round runs (behind a front end, the stock server's)."""
+    return engine_scheduler(config["scheduler"], deployment(config))
+
+
 class LiveState:
     """The policy objects and bookkeeping of one scheduler process."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         configs = policy_configs(config["scheduler"], config["eviction"], config.get("knobs") or {})
-        _warm_up(make_policies(config["scheduler"], config["eviction"], configs).scheduler)
-        policies = make_policies(config["scheduler"], config["eviction"], configs)
+        deploy = deployment(config)
+        warm = make_policies(config["scheduler"], config["eviction"], configs, deploy)
+        _warm_up(warm.front_end or warm.scheduler)
+        self.policies = policies = make_policies(config["scheduler"], config["eviction"], configs, deploy)
         self.scheduler, self.eviction, self.hints = policies.scheduler, policies.eviction, policies.hints
-        self.native = config["scheduler"] in NATIVE_SCHEDULERS
+        self.native = engine_scheduler_of(config) in NATIVE_SCHEDULERS
         self.counters: Counter = Counter()
+        dilation = float(config.get("dilation", 1.0))
+        self.front = (LiveFrontEnd(policies.front_end, deploy.window_s * dilation, self.hints, self.counters)
+                      if policies.front_end is not None else None)
+        self.enqueue = None  # SGLang's own Scheduler._add_request_to_queue (front end: the release goes there)
         self.cache = None
         self.sched = None  # SGLang's Scheduler object, once seen
         self.plan = None
         self.iteration_start = 0.0
         pace = config.get("pace")
-        self.pacer = Pacer(CostModel(**pace), float(config.get("dilation", 1.0)), self.counters) if pace else None
+        self.pacer = Pacer(CostModel(**pace), dilation, self.counters) if pace else None
         self.events_path = Path(config["events"]) if config.get("events") else None
         self.counters_path = Path(config["counters"]) if config.get("counters") else None
         self._events = self.events_path.open("a", buffering=1 << 16) if self.events_path else None
@@ -153,7 +172,7 @@ class LiveState:
                 self.counters["reprefilled_tokens"] += len(req.full_untruncated_fill_ids) - hit
             else:  # hits by tier of first admissions, as the request's reported hit
                 self._count_hit(req)
-            if not seq.lane:  # a retracted request keeps its first lane, as in the simulator
+            if not seq.lane:  # a front end labelled it; a retracted request keeps its first lane (as simulated)
                 seq.lane = self.plan.lane(seq.id) if self.plan is not None and not self.native else DEFAULT_LANE
             self.counters[f"admitted_{seq.lane}_lane"] += 1
             self.counters["front_alignment_moves"] += seq.realigned
@@ -179,6 +198,8 @@ class LiveState:
         self._starts.clear()
         if self.pacer is not None:
             self.pacer.reset()
+        if self.front is not None:
+            self.front.reset()
 
     def release(self, req) -> None:
         seq = getattr(req, "_prism", None)
@@ -229,7 +250,9 @@ class LiveState:
 
     def snapshot(self) -> dict[str, Any]:
         out = dict(sorted(self.counters.items()))
-        out.update({k: v for k, v in self.scheduler.stats().items()})
+        out.update(self.policies.stats())
+        if self.front is not None:
+            out.update(self.front.stats())
         if self.pacer is not None:
             out["paced_max_overrun_ms"] = round(self.pacer.max_overrun_s * 1e3, 3)
         # DESIGN §6's overhead budget: prism's CPU time against SGLang's own scheduling CPU time
@@ -274,6 +297,8 @@ def around_next_batch(orig, sched, *args, **kwargs):
     st.iteration_start = time.monotonic()
     t0 = time.perf_counter()
     try:
+        if st.front is not None and st.front.due(st.iteration_start):
+            _release_windows(st, sched)
         return orig(sched, *args, **kwargs)
     finally:
         st.scheduler_s += time.perf_counter() - t0
@@ -286,6 +311,28 @@ def around_process_result(orig, sched, *args, **kwargs):
         return orig(sched, *args, **kwargs)
     finally:
         st.scheduler_s += time.perf_counter() - t0
+
+
+def around_add_to_queue(orig, sched, req, *args, **kwargs):
+    """Front end: a new arrival joins a window instead of SGLang's waiting queue."""
+    st = state()
+    st.enqueue = orig
+    retracted = bool(kwargs.get("is_retracted", args[0] if args else False))
+    if st.front is not None and _hold(st, req, retracted):
+        return None
+    return orig(sched, req, *args, **kwargs)
+
+
+@_plugin_time
+def _hold(st: LiveState, req, retracted: bool) -> bool:
+    return st.front.hold(req, retracted, time.monotonic())
+
+
+@_plugin_time
+def _release_windows(st: LiveState, sched) -> None:
+    enqueue = st.enqueue
+    idle = bool(getattr(sched, "_sched_idled", False))  # the last loop iteration ran no batch
+    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle)
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
@@ -372,8 +419,9 @@ def install(config_path: str) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     config = json.loads(Path(config_path).read_text())
+    engine_sched = engine_scheduler_of(config)
     lpm = (config.get("knobs") or {}).get("lpm")
-    if config["scheduler"] in NATIVE_SCHEDULERS and lpm:  # prism's LPM knobs are SGLang's constants
+    if engine_sched in NATIVE_SCHEDULERS and lpm:  # prism's LPM knobs are SGLang's constants
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX = lpm["fcfs_threshold"]
@@ -389,7 +437,9 @@ def install(config_path: str) -> None:
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.prepare_for_extend", before_prepare_for_extend,
                           HookType.BEFORE)
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.retract_decode", after_retract, HookType.AFTER)
-    if config["scheduler"] not in NATIVE_SCHEDULERS:
+    if deployment(config).front_end:
+        HookRegistry.register(f"{s}._add_request_to_queue", around_add_to_queue, HookType.AROUND)
+    if engine_sched not in NATIVE_SCHEDULERS:
         HookRegistry.register(f"{m}.schedule_policy.SchedulePolicy.calc_priority", around_calc_priority,
                               HookType.AROUND)
         HookRegistry.register(f"{m}.schedule_batch.Req.init_next_round_input", before_init_next_round,

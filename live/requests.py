@@ -38,6 +38,9 @@ from prism.traces.trace import Trace
 
 #: custom_params keys the plugin reads (SGLang reserves some names: ours share a prefix)
 META_KEYS = ("prism_request", "prism_ids", "prism_kinds", "prism_ends", "prism_movable")
+#: and the client's send time on the machine's monotonic clock (the scheduler's clock too): a front end's
+#: window holds what was *sent* within it, even when the scheduler, busy in a batch, receives it later
+SENT_KEY = "prism_sent"
 #: the bias that keeps an EOS id from ever being sampled (a logit of the order of -1e9 loses every argmax and
 #: has probability 0 in float32 softmax; JSON cannot carry -inf)
 EOS_BAN = -1e9

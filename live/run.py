@@ -24,6 +24,7 @@ from typing import Any, Callable
 from prism.errors import UserError
 from prism.metrics import RUN_FILES, RecordStream, RequestRecord, run_summary, write_json, write_requests_csv
 from prism.output import prepare_run_dir, write_atomic_text
+from prism.policies.registry import engine_scheduler
 from prism.settings import RunSpec
 
 from prism.live.client import ClientRecord, ReplayError, replay
@@ -70,6 +71,7 @@ def plugin_config(spec: RunSpec, opts: LiveOptions, folder: Path) -> dict[str, A
         "scheduler": spec.scheduler,
         "eviction": spec.eviction,
         "knobs": {section: asdict(cfg) for section, cfg in spec.policy_configs.items()},
+        "deployment": asdict(spec.deployment),  # in the engine, or a front end's windows (live/frontend.py)
         "pace": spec.profile.cost.coefficients() if opts.pace else None,
         "dilation": opts.dilation if opts.pace else 1.0,
         "events": str(folder / "events.jsonl"),
@@ -85,7 +87,7 @@ def server_args(spec: RunSpec, opts: LiveOptions, model_path: Path, load_format:
             "--max-total-tokens", str(kv_capacity(spec)), "--page-size", str(e.page_size),
             "--chunked-prefill-size", str(e.chunked_prefill_size), "--max-prefill-tokens", str(e.max_prefill_tokens),
             "--max-running-requests", str(e.max_running_requests),
-            "--schedule-policy", NATIVE_SCHEDULERS.get(spec.scheduler, "fcfs"),
+            "--schedule-policy", NATIVE_SCHEDULERS.get(engine_scheduler(spec.scheduler, spec.deployment), "fcfs"),
             "--radix-cache-backend", BACKEND, "--disable-overlap-schedule", "--random-seed", "0",
             "--log-level", "warning"]
     if opts.dtype != "auto":
@@ -101,9 +103,6 @@ def check_method(spec: RunSpec, opts: LiveOptions | None = None) -> None:
         check_attachable(spec.engine)
     if spec.eviction == "belady":
         raise UserError("eviction 'belady' is an offline reference that knows the future: simulator only")
-    if spec.deployment.mode != "in_engine":
-        raise UserError(f"scheduler {spec.scheduler!r} is configured as a front end (window_s > 0); prism-live "
-                        "runs schedulers inside SGLang's scheduler: set its window_s to 0")
 
 
 class _Events:

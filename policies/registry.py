@@ -180,6 +180,11 @@ def deployment_of(scheduler: str, configs: Mapping[str, Any]) -> Deployment:
     return entry.deployment(configs[entry.section])
 
 
+def engine_scheduler(scheduler: str, deployment: Deployment) -> str:
+    """The scheduler the engine itself runs: ``scheduler``, or behind a front end the stock server's."""
+    return FRONT_END_ENGINE_SCHEDULER if deployment.front_end else scheduler
+
+
 @dataclass
 class Policies:
     """The policy objects of one run, sharing one :class:`DemandHints`."""
@@ -209,6 +214,6 @@ def make_policies(scheduler: str, eviction: str, configs: Mapping[str, Any], dep
     if evict.hints is not hints:
         evict.hints = hints
     if deployment.front_end:
-        return Policies(_policy(SCHEDULERS[FRONT_END_ENGINE_SCHEDULER], configs, hints, requests), evict, hints,
-                        front_end=sched)
+        return Policies(_policy(SCHEDULERS[engine_scheduler(scheduler, deployment)], configs, hints, requests),
+                        evict, hints, front_end=sched)
     return Policies(sched, evict, hints)

@@ -172,7 +172,6 @@ live-model-missing-folder       | live          | --model /nonexistent/model | /
 live-pace-profile-disagree      | live          | --pace a800-80g:qwen3-8b --profile h100-sxm-80g:qwen3-8b | disagree
 live-pace-bogus                 | live          | --pace bogus | 'bogus'
 live-belady                     | live          | --eviction belady | simulator only
-live-front-end                  | live          | --method prism --set qas.window_s=0.05 | front end
 live-cluster-url                | live          | --instances 2 --url http://127.0.0.1:9 | --url
 live-cluster-port               | live          | --instances 3 --port 65534 | --port 65534
 live-cluster-router             | live          | --instances 2 --router nosuch | field 'router'

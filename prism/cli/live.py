@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(cluster_table(s["cluster"]))
     c = s["counters"]
-    print(f"plugin in the scheduler: {c.get('rounds', 0)} planning rounds, {c.get('front_alignment_moves', 0)} "
+    rounds = (f"{c.get('frontend_windows', 0)} front-end windows" if spec.deployment.front_end
+              else f"{c.get('rounds', 0)} planning rounds")
+    print(f"plugin in the scheduler: {rounds}, {c.get('front_alignment_moves', 0)} "
           f"realigned, {c.get('evicted_tokens_private', 0)}/{c.get('evicted_tokens_reusable', 0)}/"
           f"{c.get('evicted_tokens_protected', 0)} tokens evicted (private/reusable/protected), "
           f"{c.get('retractions', 0)} retractions" + (f", {c.get('paced_over_budget', 0)} of "

@@ -1,0 +1,114 @@
+"""QAS as an admission front end inside SGLang's scheduler process: the live counterpart of ``sim/frontend.py``.
+
+The model is the simulator's :class:`~prism.sim.frontend.FrontEnd`: a request that reaches the scheduler for the
+first time is held out of SGLang's waiting queue; the first held request opens a window of ``window_s``
+(times the pacing dilation: real seconds); when the window closes, one front-end round orders the window's
+requests (the policy's ``plan``), realigns their prompts, labels their lanes, hands them to SGLang's own
+``Scheduler._add_request_to_queue`` in plan order and calls ``on_dispatch`` with the whole window (QAS publishes
+P̂ to DART through the shared hints). SGLang's scheduler is the stock one behind a front end (FCFS,
+``--schedule-policy fcfs``): it admits the released requests as it admits any arrival.
+
+Choices:
+
+* Only first arrivals are held. A retracted request (SGLang re-queues it with ``is_retracted``), any request
+  the front end has seen before, an aborted one and one without prism's metadata go straight to the waiting
+  queue: a front end sees arrivals only.
+* A request's arrival is its send time, which the client stamps (``prism_sent``, on the machine's monotonic
+  clock; the scheduler's receipt time without it): the scheduler receives requests only between batches, so
+  its own receipt would stretch a window by up to a batch and move requests into later windows.
+* A window closes at its deadline even when the scheduler notices later: the scheduler checks at the top of
+  each loop iteration (``get_next_batch_to_run``), so a running batch delays the release but never changes which
+  requests a window holds; an arrival after the deadline opens the next window, and windows that closed during
+  one batch are released oldest first, one round each. The engine admits only between batches, so a release
+  at the next iteration is admitted as early as the simulator's release during that batch.
+* The scheduler's loop does not block while idle (SGLang's default: ``--sleep-on-idle`` off), so an idle
+  scheduler notices a deadline within one loop iteration. The delay this adds over the model is the lag (real
+  milliseconds from a window's deadline to its release) of the windows released by an idle scheduler:
+  ``frontend_idle_release_lag_ms_max`` and ``_mean`` (a busy scheduler releases after its batch, as the
+  simulator's engine admits after its batch).
+* An abort that reaches a held request finds it in no SGLang queue; it is served when its window closes.
+
+Cost: one plan per window, O(S) in the window's segment occurrences (QAS's bound), and one comparison per loop
+iteration.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Callable
+
+from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
+
+from prism.live.requests import SENT_KEY
+from prism.live.seq import LiveSeq
+
+
+class LiveFrontEnd:
+    """Windows of held arrivals, released by one ``scheduler`` round each."""
+
+    def __init__(self, scheduler: Scheduler, window_s: float, hints: DemandHints, counters: Counter) -> None:
+        if window_s <= 0:
+            raise ValueError("a front end needs a window > 0")
+        self.scheduler = scheduler
+        self.window = window_s  # real seconds
+        self.hints = hints
+        self.counters = counters
+        self.windows: deque[tuple[float, list[LiveSeq]]] = deque()  # (deadline, held requests), oldest first
+        self.lag_max_s = 0.0  # windows released by an idle scheduler
+        self.lag_sum_s = 0.0
+        self.idle_releases = 0
+
+    def held(self) -> int:
+        return sum(len(w) for _, w in self.windows)
+
+    def hold(self, req, retracted: bool, now: float) -> bool:
+        """Whether ``req``, about to join SGLang's waiting queue at ``now``, is held in a window instead (the
+        window of its send time)."""
+        if (retracted or getattr(req, "_prism", None) is not None or req.finished()
+                or req.to_finish is not None):  # to_finish: aborted on arrival (its prompt is gone)
+            return False
+        sent = (req.sampling_params.custom_params or {}).get(SENT_KEY)
+        arrival = sent if isinstance(sent, (int, float)) and sent <= now else now
+        seq = LiveSeq.of(req, arrival)
+        if seq is None:
+            return False
+        if not self.windows or arrival >= self.windows[-1][0]:  # a window opens with its first arrival
+            self.windows.append((arrival + self.window, []))
+        self.windows[-1][1].append(seq)
+        return True
+
+    def due(self, now: float) -> bool:
+        return bool(self.windows) and now >= self.windows[0][0]
+
+    def release(self, now: float, cache: PrefixIndex, submit: Callable[[object], None], idle: bool = False) -> int:
+        """Release every window whose deadline has passed, oldest first: one round each, requests handed to
+        ``submit`` (SGLang's enqueue) in plan order; ``idle``: the scheduler ran no batch since the deadline
+        (the lag is then measured). Returns the number of windows released."""
+        n = 0
+        while self.due(now):
+            deadline, batch = self.windows.popleft()
+            ctx = SchedContext(now, cache, (), self.hints, batch_hint=len(batch))
+            plan = self.scheduler.plan(batch, ctx)
+            for seq in plan.order:
+                seq.realign(plan.align.get(seq.id))
+                seq.lane = plan.lane(seq.id)
+                submit(seq.req)
+            self.scheduler.on_dispatch(plan.order, ctx)
+            self.counters["frontend_windows"] += 1
+            if idle:
+                lag = now - deadline
+                self.lag_max_s = max(self.lag_max_s, lag)
+                self.lag_sum_s += lag
+                self.idle_releases += 1
+            n += 1
+        return n
+
+    def stats(self) -> dict[str, float]:
+        n = self.idle_releases
+        return {"frontend_idle_releases": n, "frontend_idle_release_lag_ms_max": round(self.lag_max_s * 1e3, 3),
+                "frontend_idle_release_lag_ms_mean": round(self.lag_sum_s / n * 1e3, 3) if n else 0.0}
+
+    def reset(self) -> None:
+        """A new run starts (the cache was flushed): forget the lag figures (held requests stay held)."""
+        self.lag_max_s = self.lag_sum_s = 0.0
+        self.idle_releases = 0
