@@ -157,12 +157,12 @@ def test_paced_validate_matches_the_simulator_at_low_load(tmp_path):
 
 
 def test_paced_validate_with_retraction_agrees_with_the_simulator(tmp_path):
-    # 16 requests of ~770 prompt + 96 output tokens at 12 QPS on a 3,072-token pool, with the new-token ratio
-    # decaying in 20 decode steps: admission soon reserves too little decode, and the simulator retracts 3
-    # times (prism) in 3.4 s of profile time (14 s at D = 4)
+    # 16 requests of ~770 prompt + 192 output tokens at 12 QPS on a 3,072-token pool, with the new-token ratio
+    # decaying in 20 decode steps: admission soon reserves too little decode, and the simulator retracts
+    # (prism, the windowed front end: twice in about 6 s of profile time)
     out = tmp_path / "retract"
     rc = live_main(["validate", "--trace", "zipf", "--methods", "prism", "--qps", "12",
-                    "--set", "trace.num_requests=16", "--set", "trace.output_len=96",
+                    "--set", "trace.num_requests=16", "--set", "trace.output_len=192",
                     "--set", "engine.max_total_tokens=3072", "--set", "engine.new_token_ratio_decay_steps=20",
                     "--pace", "a800-80g:qwen3-4b-instruct-2507", "--dilation", "4",
                     "--out", str(out), "--no-progress", "--port", "30135"])
