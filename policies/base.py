@@ -113,6 +113,24 @@ class SchedContext:
 DEFAULT_LANE = "hot"
 
 
+class LazyAlignment(Mapping):
+    """A plan's ``align`` worked out on demand: the engine asks only for the requests it admits, so a
+    scheduler computes a new segment order for those alone. Subclasses answer :meth:`get` (the default, None,
+    for a request whose order stays) and iterate the ids of the requests they move."""
+
+    def get(self, rid: int, default=None):
+        raise NotImplementedError
+
+    def __getitem__(self, rid: int) -> tuple[str, ...]:
+        out = self.get(rid)
+        if out is None:
+            raise KeyError(rid)
+        return out
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class Plan:
     """A scheduler's answer: the waiting requests in admission order, new reusable-segment orders, and the

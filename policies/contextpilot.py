@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.cluster.hierarchy import linkage, to_tree
@@ -35,7 +35,7 @@ from scipy.cluster.hierarchy import linkage, to_tree
 from prism.config import nonneg, positive
 from prism.core import REUSE
 
-from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import LazyAlignment, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.context_tree import ContextTree
 
 
@@ -297,7 +297,7 @@ def make_tree(contexts: Sequence[tuple[str, ...]], position_weight: float = 0.00
     return ContextTree(contexts, position_weight)
 
 
-class _Alignment(Mapping):
+class _Alignment(LazyAlignment):
     """Plan.align: request id -> new document order, for the placed requests whose order changes: the end
     node's documents (those of the request) first, in the node's order, then its others in their order."""
 
@@ -314,14 +314,5 @@ class _Alignment(Mapping):
         moved = head + tuple(d for d in ctx if d not in set(head))
         return moved if moved != ctx else default
 
-    def __getitem__(self, rid: int) -> tuple[str, ...]:
-        out = self.get(rid)
-        if out is None:
-            raise KeyError(rid)
-        return out
-
     def __iter__(self):
         return (rid for rid in list(self._memo) if self.get(rid) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

@@ -54,14 +54,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
 
-from prism.policies.base import DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import DemandHints, LazyAlignment, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.qas_round import Params, Prompts, Round, aligned_row, changes, dispatch, plan_round
 
 
@@ -311,7 +311,7 @@ class QAS(Scheduler):
         return dict(self.counters)
 
 
-class _Alignment(Mapping):
+class _Alignment(LazyAlignment):
     """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
     Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
 
@@ -332,14 +332,5 @@ class _Alignment(Mapping):
         names = table.segment_names
         return tuple([names[i] for i in out.tolist()])
 
-    def __getitem__(self, rid: int) -> tuple[str, ...]:
-        out = self.get(rid)
-        if out is None:
-            raise KeyError(rid)
-        return out
-
     def __iter__(self):
         return (rid for rid in self._table.request_id[self._queued].tolist() if rid in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
