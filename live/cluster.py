@@ -88,7 +88,7 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
     servers: list[Server] = []
     events = [single._Events(instance_dir(out, i) / "events.jsonl") for i in range(n)]
     records: list[RequestRecord] = []
-    stream = RecordStream(out / "requests.csv", cluster=True)
+    stream = RecordStream(out / "requests.csv", flush_every=1, cluster=True)
     router = make_router(spec.cluster.router, spec.router_configs)
     complete = False
     summary: dict[str, Any] = {}

@@ -188,7 +188,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
         url = f"http://127.0.0.1:{opts.port}"
         events = _Events(out / "events.jsonl")
     records: list[RequestRecord] = []
-    stream = RecordStream(out / "requests.csv")
+    stream = RecordStream(out / "requests.csv", flush_every=1)
     complete = False
     summary: dict[str, Any] = {}
     try:

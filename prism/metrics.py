@@ -86,7 +86,9 @@ def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bo
 
 class RecordStream:
     """Appends each finished request to a CSV as it completes, so that an interrupted run keeps what it
-    simulated; :func:`write_requests_csv` later rewrites the file in request order."""
+    simulated; :func:`write_requests_csv` later rewrites the file in request order. ``flush_every``: rows
+    between flushes to the file (a live run passes 1: its rows come at most hundreds a second and each cost
+    real serving time; a simulation finishes thousands a second and flushes in blocks)."""
 
     def __init__(self, path: Path, flush_every: int = 256, cluster: bool = False) -> None:
         self._f = path.open("w", newline="")
