@@ -43,6 +43,10 @@ RUNS: dict[str, list[str]] = {
                       "--set", "engine.max_total_tokens=32768"],
     "fcfs+belady": ["--trace", "zipf", "--method", "fcfs+belady", "--set", "trace.num_requests=500",
                     "--set", "engine.max_total_tokens=32768"],
+    # the oracle under the schedulers a sweep pairs it with (realigned prompts, the GPU-sized pool)
+    "qas+belady-pool32k": ["--trace", "zipf", "--method", "qas+belady", "--set", "engine.max_total_tokens=32768"],
+    "contextpilot+belady-qps70": ["--trace", "zipf", "--method", "contextpilot+belady", "--qps", "70"],
+    "lpm+belady-qps80": ["--trace", "zipf", "--method", "lpm+belady", "--qps", "80"],
 }
 
 

@@ -116,14 +116,16 @@ def test_belady_is_a_ceiling_for_online_policies(reqs, slots):
         assert rates["belady"] >= r - 1e-12, rates
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), capacity=st.integers(2000, 20000), page=st.sampled_from([1, 16]),
-       method=st.sampled_from(["prism", "sglang", "fcfs+lfu", "fcfs+lru_active", "qas+lfu", "prism-f2"]))
+       method=st.sampled_from(["prism", "sglang", "fcfs+lfu", "fcfs+lru_active", "qas+lfu", "prism-f2",
+                               "fcfs+belady", "qas+belady", "contextpilot+belady"]))
 def test_incremental_eviction_matches_a_full_sort_every_pass(seed, capacity, page, method):
     """The cache keeps eviction candidates in a heap between passes and re-keys only what policies report as
     lowered (``lowered_keys``); the reference re-keys every candidate at every pass, as SGLang does. Both must
     evict the same nodes in the same order."""
     from prism.policies.base import EvictionPolicy
+    from prism.policies.belady import Belady
     from prism.policies.eviction import LFU, LRUActive
     from prism.sim import engine
     from prism.traces.spec import load_trace
@@ -142,7 +144,7 @@ def test_incremental_eviction_matches_a_full_sort_every_pass(seed, capacity, pag
             count = engine.Engine._count_eviction
             mp.setattr(engine.Engine, "_count_eviction", lambda self, n: (evicted.append(n.serial), count(self, n)))
             if full:
-                for cls in (LRU, LFU, LRUActive, DART):
+                for cls in (LRU, LFU, LRUActive, DART, Belady):
                     mp.setattr(cls, "lowered_keys", EvictionPolicy.lowered_keys)
             res = simulate(RunSpec.build(trace, scheduler, eviction, engine=cfg, knobs=knobs,
                                          profile=load_profile()))
