@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,7 +12,9 @@ import sys
 import pytest
 
 from prism.cli.sim import main as sim_main
-from prism.sim.sweep import aggregate
+from prism.settings import settings_from
+from prism.sim.run import simulate
+from prism.sim.sweep import aggregate, belady_hit_rate
 
 
 def test_sweep_end_to_end(tmp_path, capsys):
@@ -34,6 +37,25 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert sim_main(argv) == 0
     assert json.loads(run.read_text())["wall_s"] == first["wall_s"]
     assert "prism" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("method,knobs", [
+    ("fcfs", {}), ("sglang", {}), ("klpm", {}), ("contextpilot", {}), ("dfs_weight", {}), ("prism", {}),
+    ("prism", {"qas": {"window_s": 0}}), ("qas+lfu", {}),
+])
+@pytest.mark.parametrize("pool", [None, 6000])
+def test_the_sweeps_belady_reference_is_the_belady_simulation(method, knobs, pool):
+    # a run that evicted nothing takes its own hit rate as Belady's (no second simulation): the eviction policy
+    # only chooses victims, so the Belady run is the same run; with eviction the reference is simulated
+    data = {"method": method, "engine": {"max_total_tokens": pool}, "trace": {"num_requests": 300, "qps": 70},
+            **knobs}
+    spec = settings_from(data).resolve("zipf")
+    run = simulate(spec).summary
+    full = simulate(dataclasses.replace(spec, eviction="belady", label="belady"))
+    assert (run["counters"].get("evicted_nodes", 0) == 0) == (pool is None)
+    assert full.summary["hit_rate"] == belady_hit_rate(spec, run)
+    if pool is None:  # not only the hit rate: every request is served at the same times with the same hits
+        assert [dataclasses.astuple(r) for r in full.records] == [dataclasses.astuple(r) for r in simulate(spec).records]
 
 
 def test_aggregate_confidence_interval():
