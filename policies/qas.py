@@ -317,14 +317,15 @@ class _Alignment(LazyAlignment):
 
     def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int) -> None:
         self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
-        self._position = np.full(table.n_rows, -1, dtype=np.int64)  # row -> queue position (-1: not queued)
-        self._position[queued] = np.arange(len(queued))
+        # the queued rows, as a set: O(queue) per round (an array over every row ever registered would make a
+        # front end's rounds of a few arrivals cost O(requests so far) each, quadratic over a long trace)
+        self._rows = set(queued.tolist())
 
     def get(self, rid: int, default=None):
         """The engine's call, once per admitted request (no exception for the many that keep their order)."""
         table = self._table
-        row = table.row_of.get(rid, len(self._position))  # a request registered after this round: not queued
-        if row >= len(self._position) or self._position[row] < 0:
+        row = table.row_of.get(rid)  # None: registered after this round, not queued
+        if row not in self._rows:
             return default
         out, moved = aligned_row(table.prompts, row, self._priority, self._f_front)
         if not moved:
