@@ -88,3 +88,22 @@ def test_byte_identical_across_hash_seeds(tmp_path, method):
         s.pop("wall_s")
         outs.append(((out / "requests.csv").read_bytes(), s))
     assert outs[0] == outs[1]
+
+
+def test_a_sweeps_runs_are_the_standalone_runs(tmp_path, capsys):
+    # one process runs every method at two rates in a row (and each run's Belady reference): each run's
+    # requests.csv is the bytes prism-sim writes for it alone
+    out = tmp_path / "sw"
+    methods = ["prism", "contextpilot", "sglang", "klpm"]
+    assert sim_main(["sweep", "--trace", "zipf", "--methods", ",".join(methods), "--qps", "30,60", "--seeds", "2",
+                     "--set", "trace.num_requests=200", "--workers", "1", "--out", str(out), "--no-progress"]) == 0
+    for method in methods:
+        for qps in (30, 60):
+            alone = tmp_path / f"{method}-{qps}"
+            assert sim_main(["--trace", "zipf", "--method", method, "--qps", str(qps), "--seed", "1",
+                             "--set", "trace.num_requests=200", "--out", str(alone), "--no-progress"]) == 0
+            swept = out / "runs" / method / f"qps{qps}-seed1"
+            assert (swept / "requests.csv").read_bytes() == (alone / "requests.csv").read_bytes(), (method, qps)
+            assert (json.loads((swept / "summary.json").read_text())["infinite_cache_hit_rate"]
+                    == json.loads((alone / "summary.json").read_text())["infinite_cache_hit_rate"])
+    capsys.readouterr()
