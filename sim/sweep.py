@@ -126,8 +126,9 @@ def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
     """The hit rate of the run's scheduler with Belady's eviction (furthest next use first), the offline
     reference a sweep reports beside each run. A run that evicted nothing needs no second simulation: the
     eviction policy is consulted only to choose victims, so with no victim to choose the Belady run takes the
-    same admissions, batches and hits step by step (a GPU-sized pool on the paper's trace never evicts; the
-    test suite checks the equality for every method)."""
+    same admissions, batches and hits step by step (a workload that fits its pool, e.g. prefix20 at the
+    GPU-sized pool; the paper's zipf trace evicts even there). The test suite checks the equality for every
+    method."""
     if summary["counters"].get("evicted_nodes", 0) == 0:
         return summary["hit_rate"]
     return simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady")).summary["hit_rate"]
