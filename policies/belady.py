@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from prism.core import Request
+from prism.core import PRIV, Request
 
 from prism.policies.base import EvictionPolicy, NodeView, WaitingRequest
 
@@ -35,11 +35,12 @@ class Belady(EvictionPolicy):
                 self.uses[path].append(i)
         self._ptr: dict[tuple[str, ...], int] = {}
         self.admitted: set[int] = set()
-        self._fell: set[str] = set()  # segments of the requests admitted since the last pass
+        self._fell: set[str] = set()  # sys/reusable segments of the requests admitted since the last pass
 
     def on_admit(self, request: WaitingRequest) -> None:
         self.admitted.add(self.position.get(request.id, -1))
-        self._fell.update(s.id for s in request.segments)
+        # a private suffix's node is made after its request's admission, so its key never falls afterwards
+        self._fell.update(s.id for s in request.segments if s.kind != PRIV)
 
     def next_use(self, path: tuple[str, ...]) -> float:
         uses = self.uses.get(path)
@@ -65,7 +66,7 @@ class Belady(EvictionPolicy):
         return (-self.next_use(self.path_of(node)), node.last_access_time)
 
     def lowered_keys(self) -> set[str]:
-        """The segments of the requests admitted since the last pass. A key falls only when a path's next use
+        """The sys/reusable segments of the requests admitted since the last pass. A key falls only when a path's next use
         moves on, i.e. when the request at that use is admitted; that request's trace-order prefix is the path,
         so the path's last segment, which owns the node, is one of the request's (whatever order it was
         realigned into). Access times only grow."""

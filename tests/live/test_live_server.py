@@ -52,6 +52,11 @@ def _processes_with(text: str) -> list[int]:
     return out
 
 
+def _admitted(counters: dict) -> int:
+    """Admissions over every lane a scheduler counts (``admitted_<lane>_lane``: hot, cold, aged...)."""
+    return sum(v for k, v in counters.items() if k.startswith("admitted_") and k.endswith("_lane"))
+
+
 @pytest.mark.parametrize("method,admission", [("prism", "sglang"), ("sglang", "full")])
 def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, method, admission, capsys):
     out = tmp_path / method
@@ -82,8 +87,7 @@ def test_live_run_writes_the_simulators_schema_and_the_plugin_counts(tmp_path, m
         assert c["evicted_tokens_private"] > 0, c  # DART's tiers
         # every admission is counted in one lane (hot, cold, or aged past qas.max_wait_s); a retracted request
         # is admitted again (counted again, as in the simulator)
-        admitted = sum(v for k, v in c.items() if k.startswith("admitted_") and k.endswith("_lane"))
-        assert c["admitted_hot_lane"] > 0 and admitted == 100 + c.get("retractions", 0), c
+        assert c["admitted_hot_lane"] > 0 and _admitted(c) == 100 + c.get("retractions", 0), c
     else:
         assert "rounds" not in c  # SGLang's own LPM: the scheduling hook stays out
     assert not _processes_with(str(out / "plugin.json"))
@@ -201,5 +205,4 @@ def test_paced_validate_of_the_window_front_end_matches_the_simulator(tmp_path):
     assert live["qas_rounds"] == live["frontend_windows"] > 0, live  # one QAS round per window, as simulated
     # the same windows up to arrivals that land on a window's boundary (the live path jitters by about 1 ms)
     assert abs(live["frontend_windows"] - sim["frontend_windows"]) <= 0.1 * sim["frontend_windows"], (sim, live)
-    assert live["front_alignment_moves"] > 0 and sum(
-        v for k, v in live.items() if k.startswith("admitted_") and k.endswith("_lane")) == 30
+    assert live["front_alignment_moves"] > 0 and _admitted(live) == 30
