@@ -163,8 +163,7 @@ class LiveState:
                 continue
             seq.admitted = True
             admitted.append(seq)
-            for r in seq.shared_ids():
-                self.hints.active[r] += 1
+            self.hints.admit(seq.shared_ids())
             self.eviction.on_admit(seq)
             if len(req.output_ids):  # retracted earlier: prefilled again with its output (the simulator's counters)
                 hit = int(req.prefix_len)
@@ -206,13 +205,7 @@ class LiveState:
         if seq is None or not seq.admitted:
             return
         seq.admitted = False
-        active = self.hints.active
-        for r in seq.shared_ids():
-            c = active[r] - 1
-            if c:
-                active[r] = c
-            else:
-                del active[r]
+        self.hints.release(seq.shared_ids())
 
     # ---------------------------------------------------------------- events and counters
     def log_batch(self, batch, start: float, end: float) -> None:

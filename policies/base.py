@@ -67,7 +67,9 @@ class ResidentIndex(Protocol):
 class DemandHints:
     """Demand signals shared by a scheduler and an eviction policy of one engine.
 
-    ``active[r]``: admitted, unfinished requests that contain segment r (kept by the engine).
+    ``active[r]``: admitted, unfinished requests that contain segment r, kept by the engine through
+    :meth:`admit` and :meth:`release` (which also note what changed, so that a scheduler keeps its own copy
+    of a(r) up to date at the cost of the changes: :meth:`take_active_changes`).
     ``priority[r]``: the scheduler's published priority P̂(r) of its last dispatch (empty without QAS;
     segments without demand are absent).
     ``version`` increases with every publication so that a policy can cache derived sets. A publisher may
@@ -80,6 +82,33 @@ class DemandHints:
     priority: Mapping[str, float] = field(default_factory=dict)
     version: int = 0
     fell: set[str] | None = field(default_factory=set)
+    active_changed: set[str] | None = None  # segments whose a(r) changed since the last take (None: unknown)
+
+    def admit(self, segments: Iterable[str]) -> None:
+        """A request with these shared segments (system and reusable) was admitted: a(r) += 1 for each."""
+        active, changed = self.active, self.active_changed
+        for r in segments:
+            active[r] += 1
+            if changed is not None:
+                changed.add(r)
+
+    def release(self, segments: Iterable[str]) -> None:
+        """A request with these shared segments left the running batch: a(r) -= 1 for each (absent at 0)."""
+        active, changed = self.active, self.active_changed
+        for r in segments:
+            c = active[r] - 1
+            if c:
+                active[r] = c
+            else:
+                del active[r]
+            if changed is not None:
+                changed.add(r)
+
+    def take_active_changes(self) -> set[str] | None:
+        """The segments whose a(r) changed since the last call (None the first time: read all of ``active``),
+        and start a new record. One reader: QAS."""
+        out, self.active_changed = self.active_changed, set()
+        return out
 
     def publish(self, priority: Mapping[str, float], fell: Iterable[str] | None = None) -> None:
         """Publish P̂; ``fell``: the ids whose value is below the last publication's (absent counts as 0;

@@ -282,8 +282,7 @@ class Engine:
             admitted.append(seq)
             self.active[seq.id] = seq
             self.eviction.on_admit(seq)
-            for r in seq.shared_ids():
-                self.hints.active[r] += 1
+            self.hints.admit(seq.shared_ids())
             rem_chunk -= take
             rem_input -= take
             if take < new:
@@ -369,12 +368,7 @@ class Engine:
         seq.node = None
         self.full = False
         del self.active[seq.id]
-        for r in seq.shared_ids():
-            c = self.hints.active[r] - 1
-            if c:
-                self.hints.active[r] = c
-            else:
-                del self.hints.active[r]
+        self.hints.release(seq.shared_ids())
 
     # ------------------------------------------------------------------ retraction (sglang admission)
     def _check_decode_memory(self) -> None:
