@@ -53,7 +53,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from itertools import repeat
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -127,7 +126,8 @@ class RequestTable:
 
     def add(self, requests: Sequence[WaitingRequest]) -> None:
         """Register requests not seen before, in the given order (one block write for all of them)."""
-        index, block = self._index, []
+        index, block, n_reusable = self._index, [], []
+        last = self._last_registered
         for r in requests:  # segments numbered as seen: a request's reusable ones, then its system segment
             row, system = [-1], None
             for s in r.segments:
@@ -139,24 +139,30 @@ class RequestTable:
             if system is not None:
                 row[0] = index(system)
             block.append(row)
+            n_reusable.append(len(row) - 1)
             age = (r.arrival, r.id)
-            if age < self._last_registered:
+            if age < last:
                 self.rows_in_fifo_order = False
-            self._last_registered = age
+            last = age
+        self._last_registered = last
         n0, n1 = self.n_rows, self.n_rows + len(block)
-        width = max([self.width, *map(len, block)])
+        width = max(self.width, 1 + max(n_reusable))
         capacity, cols = self.segments.shape
-        if n1 > capacity or width > cols:
+        grown = n1 > capacity or width > cols
+        if grown:
             self._grow(max(n1, 2 * capacity), max(cols, width))
-        self.segments[n0:n1, :width] = [row + [-1] * (width - len(row)) for row in block]
-        self.n_reusable[n0:n1] = [len(row) - 1 for row in block]
+        for i, row in enumerate(block, n0):  # rows are -1 beyond their length already
+            self.segments[i, :len(row)] = row
+        self.n_reusable[n0:n1] = n_reusable
         self.fixed_order[n0:n1] = [r.fixed_order for r in requests]
         self.arrival[n0:n1] = [r.arrival for r in requests]
         ids = [r.id for r in requests]
         self.request_id[n0:n1] = ids
         self.row_of.update(zip(ids, range(n0, n1)))
-        self.n_rows, self.width = n1, width
-        self.prompts = self._prompts()
+        self.n_rows = n1
+        if grown or width != self.width:  # what the kernels read changed
+            self.width = width
+            self.prompts = self._prompts()
 
     def _prompts(self) -> tuple:
         """What the kernels read: the table as a plain tuple of Prompts' fields (see ``policies.qas_round``)."""
@@ -214,6 +220,9 @@ class QAS(Scheduler):
         self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
         self._published = np.zeros(0)  # the last published P̂, by segment index
         self._published_by_name: dict[str, float] = {}  # the same, as the mapping DART reads
+        self._a = np.zeros(0)  # a(r) by segment index, for the first _a_known segments (see _active)
+        self._a_known = 0
+        self._a_hints: DemandHints | None = None  # the hints it mirrors
         self.counters: Counter = Counter()
 
     @property
@@ -235,14 +244,29 @@ class QAS(Scheduler):
         return Counter({names[i]: int(c) for i, c in enumerate(self._next_batch) if c})
 
     def _active(self, ctx: SchedContext, n_segments: int) -> np.ndarray:
-        """a(r) by segment index, from the engine's active counter."""
-        a = np.zeros(n_segments)
-        active = ctx.hints.active if ctx.hints is not None else None
-        if active:
-            idx = np.fromiter(map(self.table.segment_index.get, active, repeat(-1)), np.int64, len(active))
-            known = idx >= 0
-            a[idx[known]] = np.fromiter(active.values(), float, len(active))[known]
-        return a
+        """a(r) by segment index. Kept between rounds and brought up to date from the changes the engine noted
+        (``DemandHints.take_active_changes``): a round's window sees a few dozen changes among the hundreds
+        of segments in use. Read whole the first time, or from hints other than the last round's."""
+        hints = ctx.hints
+        if hints is None:
+            return np.zeros(n_segments)
+        active, index, names = hints.active, self.table.segment_index, self.table.segment_names
+        changed = hints.take_active_changes()
+        a, known = self._a, self._a_known
+        if changed is None or hints is not self._a_hints:
+            self._a_hints, known = hints, 0
+            a = self._a = np.zeros(max(64, 2 * n_segments))
+            changed = ()
+        elif n_segments > len(a):
+            a = self._a = np.concatenate((a, np.zeros(max(n_segments, len(a)))))
+        for i in range(known, n_segments):  # segments registered since the last round
+            a[i] = active.get(names[i], 0)
+        for r in changed:
+            i = index.get(r)
+            if i is not None and i < known:
+                a[i] = active.get(r, 0)
+        self._a_known = n_segments
+        return a[:n_segments]
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
@@ -283,7 +307,8 @@ class QAS(Scheduler):
         planned, self._planned = self._planned, None
         if planned is None:
             return
-        taken = self.table.rows(admitted)
+        # a front end dispatches the whole order it was given
+        taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
         out = dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
                        len(self.table.segment_names))
         self._next_batch = out.next_batch
@@ -297,15 +322,13 @@ class QAS(Scheduler):
     def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
-        up, gone = changes(published, self._published)
-        out, names, old = self._published_by_name, self.table.segment_names, self._published
+        up, gone, fell = changes(published, self._published)
+        out, names = self._published_by_name, self.table.segment_names
         out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
         for i in gone.tolist():
             del out[names[i]]
-        was = up[up < len(old)]
-        fell = [names[i] for i in was[published[was] < old[was]].tolist()] + [names[i] for i in gone.tolist()]
         self._published = published
-        hints.publish(out, fell)
+        hints.publish(out, [names[i] for i in fell.tolist()])
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)

@@ -316,13 +316,13 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
     P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base)."""
     prompts = Prompts(*prompts)
     base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
-    is_taken = np.zeros(prompts.segments.shape[0], np.bool_)
-    is_taken[taken] = True
+    sorted_taken = np.sort(taken)  # membership by binary search: O(queue · log taken), not O(rows registered)
     taken_positions = np.empty(order_rows.shape[0], np.int64)
     remaining_rows = np.empty(order_rows.shape[0], np.int64)
     t = k = 0
     for p in range(order_rows.shape[0]):
-        if is_taken[order_rows[p]]:
+        j = np.searchsorted(sorted_taken, order_rows[p])
+        if j < sorted_taken.shape[0] and sorted_taken[j] == order_rows[p]:
             taken_positions[t] = p
             t += 1
         else:
@@ -337,11 +337,13 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
 @njit(cache=True)
 def changes(new, old):
     """Where a publication differs from the last (``old`` is shorter when segments were added since; its
-    missing entries are zero): ``(set, dropped)``, the indices now positive and those now zero."""
+    missing entries are zero): ``(set, dropped, fell)``, the indices now positive, those now zero, and those
+    lower than before (the dropped ones included)."""
     n = new.shape[0]
     up = np.empty(n, np.int64)
     gone = np.empty(n, np.int64)
-    a = b = 0
+    fell = np.empty(n, np.int64)
+    a = b = c = 0
     for i in range(n):
         was = old[i] if i < old.shape[0] else 0.0
         if new[i] != was:
@@ -351,4 +353,7 @@ def changes(new, old):
             else:
                 gone[b] = i
                 b += 1
-    return up[:a], gone[:b]
+            if new[i] < was:
+                fell[c] = i
+                c += 1
+    return up[:a], gone[:b], fell[:c]
