@@ -196,16 +196,26 @@ class ContextTree:
 
     def docs(self, node: int) -> tuple[str, ...]:
         """The node's documents in tree order: its parent's in the parent's order, then its own others in the
-        order of its leftmost leaf's context."""
-        got = self._docs.get(node)
-        if got is None:
-            head = self.docs(int(self.parent[node])) if node != self.root else ()
-            size = self.hi[node] - self.lo[node]
-            cum_hi, cum_lo = self.cum[self.hi[node]], self.cum[self.lo[node]]
-            own = [d for d in self.contexts[self.order[self.lo[node]]]
-                   if cum_hi[self.index[d]] - cum_lo[self.index[d]] == size]
-            seen = set(head)
-            got = self._docs[node] = head + tuple(d for d in own if d not in seen)
+        order of its leftmost leaf's context. Worked out once per node, from the nearest ancestor already
+        known down (the tree's arrays as lists: a request's admission asks for one node)."""
+        memo = self._docs
+        got = memo.get(node)
+        if got is not None:
+            return got
+        if not memo:
+            self._lists = self.parent.tolist(), self.lo.tolist(), self.hi.tolist(), self.order.tolist()
+        parent, lo, hi, order = self._lists
+        chain = []
+        while got is None:
+            chain.append(node)
+            node = parent[node]
+            got = memo.get(node) if node >= 0 else ()
+        cum, index, contexts = self.cum, self.index, self.contexts
+        for node in reversed(chain):
+            size, cum_hi, cum_lo = hi[node] - lo[node], cum[hi[node]], cum[lo[node]]
+            seen = set(got)
+            got = memo[node] = got + tuple([d for d in contexts[order[lo[node]]]
+                                            if d not in seen and cum_hi[index[d]] - cum_lo[index[d]] == size])
         return got
 
     def place(self, contexts: Sequence[tuple[str, ...]]) -> list[tuple[int, int, int]]:

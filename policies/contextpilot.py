@@ -250,7 +250,7 @@ class ContextPilot(Scheduler):
             new = waiting
         self._queue.add(new, self._place(new))
         order = self._expected = self._queue.order()
-        return Plan(order, _Alignment(self._memo, self.tree.docs))
+        return Plan(order, _Alignment(self._memo, self.tree.docs, self._contexts))
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         for r in admitted:
@@ -301,17 +301,19 @@ class _Alignment(LazyAlignment):
     """Plan.align: request id -> new document order, for the placed requests whose order changes: the end
     node's documents (those of the request) first, in the node's order, then its others in their order."""
 
-    def __init__(self, memo: dict[int, tuple], docs: Callable[[Any], tuple[str, ...]]) -> None:
-        self._memo, self._docs = memo, docs
+    def __init__(self, memo: dict[int, tuple], docs: Callable[[Any], tuple[str, ...]],
+                 contexts: dict[int, tuple[str, ...]]) -> None:
+        self._memo, self._docs, self._contexts = memo, docs, contexts
 
     def get(self, rid: int, default=None):
         got = self._memo.get(rid)
         if got is None or got[3].fixed_order:  # fixed-order prompts are grouped but keep their order
             return default
-        docs, ctx = self._docs(got[2]), _context(got[3])
+        ctx = self._contexts.get(rid) or _context(got[3])
         have = set(ctx)
-        head = tuple(d for d in docs if d in have)
-        moved = head + tuple(d for d in ctx if d not in set(head))
+        head = tuple([d for d in self._docs(got[2]) if d in have])
+        have.difference_update(head)
+        moved = head + tuple([d for d in ctx if d in have])
         return moved if moved != ctx else default
 
     def __iter__(self):
