@@ -24,7 +24,7 @@ From flags to a run::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import apply_overrides, build, choice, fraction, load_yaml, nonneg, positive
@@ -186,10 +186,11 @@ class Settings:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     router_configs: dict[str, Any] = field(default_factory=dict)
 
-    def resolve(self, trace_source: str) -> RunSpec:
-        """Load the profile and the trace (with the overrides) and settle the rate and seed: the run."""
+    def resolve(self, trace_source: str, load: Callable[[str, dict[str, Any]], Trace] | None = None) -> RunSpec:
+        """Load the profile and the trace (with the overrides; ``load``: instead of ``load_trace``, e.g. a
+        memo of it) and settle the rate and seed: the run."""
         profile = load_profile(self.profile)
-        trace = load_trace(trace_source, self.trace_overrides)
+        trace = (load or load_trace)(trace_source, self.trace_overrides)
         return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
                          self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"),
                          self.cluster, self.router_configs)

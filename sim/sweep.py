@@ -42,7 +42,8 @@ from prism.errors import UserError
 from prism.metrics import RequestRecord, read_summary, write_json, write_requests_csv
 from prism.output import check_out_file, prepare_out_dir, write_csv
 from prism.settings import RunSpec, for_method, for_router, settings_from
-from prism.traces.spec import is_materialized, resolve
+from prism.traces.spec import is_materialized, load_trace, resolve
+from prism.traces.trace import Trace
 
 from prism.sim.run import simulate
 
@@ -134,10 +135,25 @@ def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
     return simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady")).summary["hit_rate"]
 
 
+_RECENT_TRACES: dict[str, Trace] = {}  # a worker's last traces, by source and overrides (see _load_trace)
+
+
+def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
+    """``load_trace``, remembering the worker's last two traces: the runs of one (QPS, seed) share its trace
+    whatever their method, and a sweep hands a worker those runs one after another (``_execute``). A run
+    never changes its trace."""
+    key = json.dumps([source, overrides], sort_keys=True)
+    trace = _RECENT_TRACES.pop(key, None) or load_trace(source, overrides)
+    _RECENT_TRACES[key] = trace
+    while len(_RECENT_TRACES) > 2:
+        del _RECENT_TRACES[next(iter(_RECENT_TRACES))]
+    return trace
+
+
 def simulate_task(task: RunTask) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One run's simulation (in any worker: it writes nothing): its summary, with the Belady reference for
     a single engine, and its records."""
-    spec = settings_from(task.config, "sweep").resolve(task.trace)  # its label is task.method
+    spec = settings_from(task.config, "sweep").resolve(task.trace, _load_trace)  # its label is task.method
     res = simulate(spec, served_reference=True)
     summary = res.summary
     if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
@@ -368,6 +384,7 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
             yield done
         else:
             todo.append(t)
+    todo.sort(key=lambda t: (t.qps, t.seed))  # (stable) a (QPS, seed)'s runs in a row: they share a trace
     if ray_address is not None:
         from prism.sim.ray_sweep import execute_on_ray  # ray is an optional extra
 
