@@ -52,6 +52,7 @@ the part of the queue that matches it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -287,8 +288,8 @@ class QAS(Scheduler):
         self._last_round = (waiting, rnd)  # references only: `last` builds views
         self.counters["qas_rounds"] += 1
         self.counters["qas_buckets"] += len(rnd.bucket_size)
-        lanes = dict.fromkeys(table.request_id[queued[rnd.cold]].tolist(), "cold")
-        lanes.update(dict.fromkeys(table.request_id[queued[aged]].tolist(), "aged"))
+        cold = dict.fromkeys(table.request_id[queued[rnd.cold]].tolist(), "cold")  # q_cold requests at most
+        lanes = cold if not len(aged) else _AgedLanes(table, queued[aged], cold)
         return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front), lanes=lanes)
 
     def _aged_first(self, positions: np.ndarray, waited: np.ndarray, age: np.ndarray):
@@ -340,13 +341,15 @@ class _Alignment(LazyAlignment):
 
     def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int) -> None:
         self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
-        # the queued rows, as a set: O(queue) per round (an array over every row ever registered would make a
-        # front end's rounds of a few arrivals cost O(requests so far) each, quadratic over a long trace)
-        self._rows = set(queued.tolist())
+        # the queued rows, as a set made at the first call: O(queue) per round that admits (an array over every
+        # row ever registered would make a front end's rounds of a few arrivals cost O(requests so far) each)
+        self._rows: set[int] | None = None
 
     def get(self, rid: int, default=None):
         """The engine's call, once per admitted request (no exception for the many that keep their order)."""
         table = self._table
+        if self._rows is None:
+            self._rows = set(self._queued.tolist())
         row = table.row_of.get(rid)  # None: registered after this round, not queued
         if row not in self._rows:
             return default
@@ -358,3 +361,30 @@ class _Alignment(LazyAlignment):
 
     def __iter__(self):
         return (rid for rid in self._table.request_id[self._queued].tolist() if rid in self)
+
+
+class _AgedLanes(Mapping):
+    """Plan.lanes of an in-engine round with aged requests: the cold lane's few as a dict, the aged ones (past
+    the knee, much of a backlog of thousands) looked up by row when the engine asks, for the few it admits."""
+
+    def __init__(self, table: RequestTable, aged_rows: np.ndarray, cold: dict[int, str]) -> None:
+        self._table, self._aged_rows, self._cold = table, aged_rows, cold
+
+    def get(self, rid: int, default=None):
+        row = self._table.row_of.get(rid)
+        if row is not None and (self._aged_rows == row).any():
+            return "aged"
+        return self._cold.get(rid, default)
+
+    def __getitem__(self, rid: int) -> str:
+        out = self.get(rid)
+        if out is None:
+            raise KeyError(rid)
+        return out
+
+    def __iter__(self):
+        aged = self._table.request_id[self._aged_rows].tolist()
+        return iter(dict.fromkeys([*self._cold, *aged]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
