@@ -99,8 +99,10 @@ def test_in_engine_starvation_bound_serves_aged_requests_first():
     late = SchedContext(5.0, NoCache(), (), hints, batch_hint=2)  # R1 (4 s) and R2 (3 s) waited > 2.5 s
     plan = qas.plan(waiting, late)
     assert [r.id for r in plan.order][:2] == [1, 2] and plan.lanes[1] == plan.lanes[2] == "aged"
+    assert plan.lanes == {1: "aged", 2: "aged"} and plan.lane(5) == "hot"  # aged outranks cold (R1, R2 are both)
     later = SchedContext(7.0, NoCache(), (), hints, batch_hint=2)  # now R1-R4 have: FIFO ahead of R5's bucket
-    assert [r.id for r in QAS(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 3, 4, 5]
+    plan = QAS(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later)
+    assert [r.id for r in plan.order] == [1, 2, 3, 4, 5] and plan.lanes == dict.fromkeys([1, 2, 3, 4], "aged")
     # without the bound (or as a front end, whose window bounds the wait) the worked example's order stands
     assert [r.id for r in QAS(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
 
@@ -114,16 +116,20 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
                        min_size=1, max_size=4),
        f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
        active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)),
-       engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100))
-def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active, engine_queue, times):
+       engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
+       finish=st.lists(st.booleans(), min_size=100, max_size=100))
+def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish):
     """Order, alignment, buckets, cold lane, next counter and published priorities equal a plain
     implementation of the design, round after round. The queue is kept either as an engine keeps it (the
     plan's order minus the admitted head, then new arrivals) or in arrival order; arrival times either
-    grow with the id or come in any order."""
+    grow with the id or come in any order. Admitted requests join a(r) as an engine's do (``hints.admit``)
+    and some finish between rounds (``hints.release``): QAS's a(r), kept from the changes, must be what the
+    reference counts afresh from ``hints.active`` each round."""
     qas = QAS(QASConfig(f_front=f, kappa=kappa, q_cold=q_cold))
     ref = ReferenceQAS(f_front=f, kappa=kappa, q_cold=q_cold)
     hints = DemandHints(active=Counter(active))
     waiting: list[Req] = []
+    running: list[Req] = []
     rid = 0
     for new, admit, fixed in rounds:
         for j, s in enumerate(new):
@@ -152,6 +158,13 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
             assert qas.next_counter == +ref.next
         gone = {r.id for r in admitted}
         waiting = list(plan.order[admit:]) if engine_queue else [r for r in waiting if r.id not in gone]
+        shared = lambda r: [s.id for s in r.segments if s.kind != PRIV]  # noqa: E731
+        for r in admitted:
+            hints.admit(shared(r))
+        running += admitted
+        for r in [r for r in running if finish[r.id]]:
+            hints.release(shared(r))
+            running.remove(r)
 
 
 @settings(max_examples=60, deadline=None)
