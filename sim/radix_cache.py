@@ -331,17 +331,20 @@ class RadixCache:
 
     def _refresh(self, key: Callable[[Node], tuple]) -> list[tuple]:
         """The candidate heap, brought up to this pass (see ``evict``)."""
-        tick, heap = self._tick, self._heap
-        if self._lowered is None or len(heap) > 2 * len(self._leaves) + 64:
+        tick, heap, fresh, lowered = self._tick, self._heap, self._fresh, self._lowered
+        if lowered is None or len(heap) > 2 * len(self._leaves) + 64:
             heap = self._heap = [(key(n), n.serial, next(tick), n) for n in self._leaves if n.lock_ref == 0]
             heapq.heapify(heap)
         else:
-            leaves_of = self._leaves_of
-            for n in [*self._fresh, *(n for seg in self._lowered for n in leaves_of.get(seg, ()))]:
+            if lowered:
+                leaves_of = self._leaves_of
+                fresh += [n for seg in lowered for n in leaves_of.get(seg, ())]
+            for n in fresh:
                 if n.lock_ref == 0 and not n.children and n.parent is not None:
                     heapq.heappush(heap, (key(n), n.serial, next(tick), n))
-        self._fresh.clear()
-        self._lowered = set()
+        fresh.clear()
+        if lowered is None or lowered:
+            self._lowered = set()
         return heap
 
     def _pop(self, key: Callable[[Node], tuple]) -> Node | None:
