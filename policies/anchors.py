@@ -58,18 +58,21 @@ def pieces(layout: Layout | None, start: int, end: int, page_size: int, anchors:
     if not layout:
         return [(end, PRIV, "")]
     out: list[Piece] = []
+    n = len(layout)
     i = lo = bisect_left(layout, (start + 1,))  # the first segment ending after start
     if anchors:
         last = start
-        for e, _, _ in layout[i:]:
+        for j in range(i, n):
+            e = layout[j][0]
             cut = e - e % page_size  # page floors of increasing ends never decrease
             if cut >= end:
                 break
-            if cut > last:
-                lo = _holder(layout, cut, lo)  # owners of increasing cuts never move back
-                out.append((cut, *layout[lo][1:]))
-                last = cut
-    out.append((end, *layout[_holder(layout, end, lo)][1:]))
+            if cut > last:  # held by segment j: an earlier one ending at or after cut would have cut here first
+                _, kind, seg = layout[j]
+                out.append((cut, kind, seg))
+                last, lo = cut, j
+    _, kind, seg = layout[_holder(layout, end, lo)]
+    out.append((end, kind, seg))
     return out
 
 

@@ -233,3 +233,29 @@ def test_pieces_example():
     assert pieces(layout, 4, 13, 4, True) == [(12, "reuse", "r"), (13, "priv", "q")]
     assert pieces(layout, 0, 16, 4, False) == [(16, "priv", "q")]
     assert pieces(layout, 0, 8, 1, False) == [(8, "reuse", "r")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=7), page=st.sampled_from([1, 2, 4, 8]),
+       span=st.tuples(st.integers(0, 70), st.integers(1, 70)), anchors=st.booleans())
+def test_new_nodes_follow_the_anchor_rule(lengths, page, span, anchors):
+    """``anchors.pieces`` against the rule token by token: a cut at every segment end (floored to the page)
+    strictly inside (start, end), each piece owned by the segment holding its last token (past the prompt: the
+    last segment). Empty segments and pages that straddle boundaries included."""
+    from prism.policies.anchors import pieces
+
+    kinds = ["sys", *["reuse"] * (len(lengths) - 2), "priv"][-len(lengths):]
+    ends = np.cumsum(lengths).tolist()
+    layout = tuple((e, k, f"s{i}") for i, (e, k) in enumerate(zip(ends, kinds)))
+    start, end = sorted(span)
+    if start == end:
+        end += 1
+
+    def holder(t: int) -> tuple[str, str]:  # the segment holding token t - 1: the first ending at or after t
+        for e, k, s in layout:
+            if e >= t:
+                return k, s
+        return layout[-1][1:]
+
+    cuts = sorted({e - e % page for e, _, _ in layout if start < e - e % page < end}) if anchors else []
+    assert pieces(layout, start, end, page, anchors) == [(c, *holder(c)) for c in [*cuts, end]]
