@@ -147,11 +147,10 @@ def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_sour
         raise UserError(f"{engine.warmup_requests} warm-up requests leave none of the trace's "
                         f"{len(trace.requests)} to measure", "engine.warmup_requests")
     source = trace_source or "trace"
-    longest = max((s for r in trace.requests for s in r.segments), key=lambda s: s.length)
+    longest, biggest = trace.largest()
     if longest.length > cap:
         raise UserError(f"segment {longest.id!r} has {longest.length} tokens, more than the whole KV pool "
                         f"({cap} tokens, {field}): the trace cannot be served", source)
-    biggest = max(trace.requests, key=lambda r: r.prompt_len + r.output_len)
     # full admission holds a request's KV; SGLang's check also wants its whole decode (clipped) and one page
     # spare, strictly below the pool (schedule_policy.py), or the request never leaves the queue
     need, spare = biggest.prompt_len + biggest.output_len - 1, 0

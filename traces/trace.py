@@ -47,6 +47,7 @@ class Trace:
     spec: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. the hot set
     _infinite_hit_rate: float | None = field(default=None, repr=False, compare=False)
+    _largest: tuple[Segment, Request] | None = field(default=None, repr=False, compare=False)
 
     def infinite_cache_hit_rate(self) -> float:
         """Hit rate of an unbounded cache over the trace's own prompt order (computed once)."""
@@ -55,6 +56,14 @@ class Trace:
 
             self._infinite_hit_rate = infinite_cache_hit_rate(self.requests)
         return self._infinite_hit_rate
+
+    def largest(self) -> tuple[Segment, Request]:
+        """The longest segment and the request with the most prompt + output tokens (computed once: every run
+        checks them against its KV pool)."""
+        if self._largest is None:
+            self._largest = (max((s for r in self.requests for s in r.segments), key=lambda s: s.length),
+                             max(self.requests, key=lambda r: r.prompt_len + r.output_len))
+        return self._largest
 
     def __len__(self) -> int:
         return len(self.requests)
