@@ -100,7 +100,7 @@ class DemandHints:
             if c:
                 active[r] = c
             else:
-                del active[r]
+                active.pop(r)  # dict's: Counter's own ``del`` is a Python method
             if changed is not None:
                 changed.add(r)
 
