@@ -135,15 +135,24 @@ def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
     return simulate(replace(spec, eviction="belady", label=f"{spec.scheduler}+belady")).summary["hit_rate"]
 
 
-_RECENT_TRACES: dict[str, Trace] = {}  # a worker's last traces, by source and overrides (see _load_trace)
+_RECENT_TRACES: dict[str, Trace] = {}  # a worker's last traces (see _load_trace)
 
 
 def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
     """``load_trace``, remembering the worker's last two traces: the runs of one (QPS, seed) share its trace
     whatever their method, and a sweep hands a worker those runs one after another (``_execute``). A run
-    never changes its trace."""
-    key = json.dumps([source, overrides], sort_keys=True)
-    trace = _RECENT_TRACES.pop(key, None) or load_trace(source, overrides)
+    never changes its trace. The key holds the file's size and modification time, so a worker that outlives
+    a sweep (a Ray worker, or this process) never serves a trace file that changed since."""
+    path = resolve(source)
+    try:
+        stat = path.stat()
+        stamp = [str(path.resolve()), stat.st_mtime_ns, stat.st_size]
+    except OSError:  # load_trace says what is wrong with it
+        return load_trace(source, overrides)
+    key = json.dumps([stamp, overrides], sort_keys=True)
+    trace = _RECENT_TRACES.pop(key, None)
+    if trace is None:
+        trace = load_trace(source, overrides)
     _RECENT_TRACES[key] = trace
     while len(_RECENT_TRACES) > 2:
         del _RECENT_TRACES[next(iter(_RECENT_TRACES))]
@@ -392,8 +401,11 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
             yield write_task(t, summary, records)
         return
     if workers <= 1:
-        for t in todo:
-            yield write_task(t, *simulate_task(t))
+        try:
+            for t in todo:
+                yield write_task(t, *simulate_task(t))
+        finally:
+            _RECENT_TRACES.clear()  # this process outlives the sweep: its traces go with it
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(simulate_task, t): t for t in todo}
