@@ -137,14 +137,14 @@ def test_a_server_killed_mid_run_leaves_partial_results_and_no_process(tmp_path)
                 pass
 
     rc, err = _break_off(out, "prism", 30132, kill_server)
-    assert rc == 1
+    assert rc == 1, err[-3000:]
     _assert_partial(out, err, "prism-live: run broke off:")
 
 
 def test_ctrl_c_leaves_partial_results_one_line_and_no_process(tmp_path):
     out = tmp_path / "interrupted"
     rc, err = _break_off(out, "sglang", 30134, lambda proc: proc.send_signal(signal.SIGINT))
-    assert rc == 130
+    assert rc == 130, err[-3000:]
     _assert_partial(out, err, "prism-live: interrupted; partial results in")
 
 
