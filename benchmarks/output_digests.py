@@ -47,6 +47,9 @@ RUNS: dict[str, list[str]] = {
     "qas+belady-pool32k": ["--trace", "zipf", "--method", "qas+belady", "--set", "engine.max_total_tokens=32768"],
     "contextpilot+belady-qps70": ["--trace", "zipf", "--method", "contextpilot+belady", "--qps", "70"],
     "lpm+belady-qps80": ["--trace", "zipf", "--method", "lpm+belady", "--qps", "80"],
+    # agent turns reuse their session's earlier private messages: the oracle's paths run through them
+    "agent-lpm+belady": ["--trace", "agent", "--method", "lpm+belady", "--set", "trace.num_requests=300",
+                         "--set", "engine.max_total_tokens=32768"],
 }
 
 
