@@ -192,7 +192,8 @@ class ContextTree:
         onehot[rows, docs[self.order][docs[self.order] >= 0]] = 1
         self.cum = np.cumsum(onehot, axis=0, dtype=np.int32)
         self.n_docs = _n_docs(docs, lengths, self.order, self.lo, self.hi, self.cum)
-        self._docs: dict[int, tuple[str, ...]] = {}
+        self._docs: dict[int, tuple[str, ...]] = {}  # node -> its documents (see docs)
+        self._lists = self.parent.tolist(), self.lo.tolist(), self.hi.tolist(), self.order.tolist()  # for docs
 
     def docs(self, node: int) -> tuple[str, ...]:
         """The node's documents in tree order: its parent's in the parent's order, then its own others in the
@@ -202,8 +203,6 @@ class ContextTree:
         got = memo.get(node)
         if got is not None:
             return got
-        if not memo:
-            self._lists = self.parent.tolist(), self.lo.tolist(), self.hi.tolist(), self.order.tolist()
         parent, lo, hi, order = self._lists
         chain = []
         while got is None:
