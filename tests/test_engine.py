@@ -184,3 +184,30 @@ def test_served_infinite_cache_is_a_ceiling(trace, profile, sched, evict):
         else:
             assert s["served_infinite_cache_hit_rate"] > s["infinite_cache_hit_rate"]
     assert s["hit_rate"] > 0.95 * s["served_infinite_cache_hit_rate"]  # unbounded: only same-batch misses
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_during_a_run_and_restored_after_it_even_on_ctrl_c(profile, enabled):
+    import gc
+
+    from prism.sim.run import SimInterrupted
+
+    tr = generate(ZipfHotspotSpec(num_requests=40, qps=50.0, seed=1))
+    spec = RunSpec.build(tr, "qas", "belady", engine=EngineConfig(max_total_tokens=4000), profile=profile)
+    during = []
+
+    def on_record(rec):
+        during.append(gc.isenabled())
+        if len(during) == 10:
+            raise KeyboardInterrupt
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        assert len(simulate(spec).records) == 40
+        assert gc.isenabled() is enabled
+        with pytest.raises(SimInterrupted):
+            simulate(spec, on_record=on_record)
+        assert gc.isenabled() is enabled and during == [False] * 10
+    finally:
+        (gc.enable if was else gc.disable)()
