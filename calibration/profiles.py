@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from prism.config import build, fraction, load_yaml, positive
 from prism.errors import UserError
@@ -82,18 +84,19 @@ def _table(name: str) -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
-def gpus() -> dict[str, GPU]:
-    return {k: build(GPU, {**v, "key": k}, f"gpus.yaml: {k}") for k, v in _table("gpus.yaml").items()}
+# The built-in tables are package data, read once per process (a sweep's worker resolves a profile per run).
+@functools.cache
+def gpus() -> Mapping[str, GPU]:
+    return MappingProxyType({k: build(GPU, {**v, "key": k}, f"gpus.yaml: {k}") for k, v in _table("gpus.yaml").items()})
 
 
-def models() -> dict[str, Model]:
-    out = {}
-    for k, v in _table("models.yaml").items():
-        out[k] = build(Model, {**v, "key": k}, f"models.yaml: {k}")
-    return out
+@functools.cache
+def models() -> Mapping[str, Model]:
+    return MappingProxyType({k: build(Model, {**v, "key": k}, f"models.yaml: {k}")
+                             for k, v in _table("models.yaml").items()})
 
 
-def _lookup(table: dict, name: str, what: str):
+def _lookup(table: Mapping, name: str, what: str):
     key = name.lower()
     if key in table:
         return table[key]
