@@ -124,3 +124,15 @@ def test_sim_cli_writes_results(tmp_path, capsys):
     lines = (out / "requests.csv").read_text().splitlines()
     assert len(lines) == 151 and lines[0].startswith("id,arrival,sent,prefill_start")
     assert "sglang" in capsys.readouterr().out
+
+
+def test_a_closed_standard_output_ends_a_command_quietly():
+    """``prism-... | head``: the reader is gone before the command prints; no traceback, status 1."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from prism.cli.calibrate import main; main()", "show"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the interpreter has even started: every write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == ""

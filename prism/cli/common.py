@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, Callable
 
@@ -11,7 +12,8 @@ from prism.errors import UserError
 
 
 def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
-    """Bad input ends the command with one line on stderr and exit status 2, never a traceback."""
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback; a closed
+    standard output (``| head``) ends it quietly with status 1."""
 
     def wrap(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
         @functools.wraps(fn)
@@ -24,6 +26,9 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 code = 130
+            except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as a shell tool does
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
+                code = 1
             if argv is None:
                 sys.exit(code)
             return code
