@@ -87,7 +87,8 @@ def _table(name: str) -> dict[str, Any]:
 # The built-in tables are package data, read once per process (a sweep's worker resolves a profile per run).
 @functools.cache
 def gpus() -> Mapping[str, GPU]:
-    return MappingProxyType({k: build(GPU, {**v, "key": k}, f"gpus.yaml: {k}") for k, v in _table("gpus.yaml").items()})
+    return MappingProxyType({k: build(GPU, {**v, "key": k}, f"gpus.yaml: {k}")
+                             for k, v in _table("gpus.yaml").items()})
 
 
 @functools.cache
