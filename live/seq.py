@@ -14,7 +14,7 @@ from array import array
 
 import numpy as np
 
-from prism.core import PRIV, TOKEN_DTYPE, Segment, SegmentedPrompt, realigned
+from prism.core import TOKEN_DTYPE, Segment, SegmentedPrompt, realigned
 
 
 def _ids(req) -> np.ndarray:
@@ -78,6 +78,3 @@ class LiveSeq(SegmentedPrompt):
         req.full_untruncated_fill_ids = array("q")  # else SGLang keeps extending a stale copy of the prompt
         self.realigned = True
         return True
-
-    def shared_ids(self):
-        return (s.id for s in self.segments if s.kind != PRIV)

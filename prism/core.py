@@ -242,6 +242,10 @@ class SegmentedPrompt:
             self._layout = layout(self.segments)
         return self._layout
 
+    def shared_ids(self):
+        """Ids of the segments other requests may share (system and reusable), as the demand counters see them."""
+        return (s.id for s in self.segments if s.kind != PRIV)
+
 
 def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: int) -> tuple[Segment, ...] | None:
     """The prompt with its reusable segments in ``skeleton`` order (the system prompt stays first, private

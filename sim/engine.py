@@ -32,7 +32,7 @@ from typing import Callable
 import simpy
 
 from prism.calibration.cost_model import CostModel
-from prism.core import SegmentedPrompt, realigned, PRIV, REUSE, SYS, TOKEN_BYTES, Request, Segment, layout, output_token_bytes, serialize
+from prism.core import TOKEN_BYTES, Request, SegmentedPrompt, output_token_bytes, realigned
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
@@ -89,10 +89,6 @@ class Seq(SegmentedPrompt):
         self.set_segments(segments)
         self.realigned = True
         return True
-
-    def shared_ids(self):
-        """Ids of the segments other requests may share (system and reusable), as the demand counters see them."""
-        return (s.id for s in self.segments if s.kind != PRIV)
 
     def __lt__(self, other: "Seq") -> bool:  # heap tie-break
         return self.id < other.id
