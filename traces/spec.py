@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 from importlib import resources
@@ -11,17 +12,24 @@ from typing import Any, Callable
 from prism.config import MAX_QPS, MAX_REQUESTS, MIN_QPS, build, load_yaml
 from prism.errors import UserError
 
-from prism.traces import agent, mooncake, prefix_groups, zipf
 from prism.traces import trace as trace_format
 from prism.traces.trace import Trace
 
-#: kind -> (spec dataclass, generator)
-GENERATORS: dict[str, tuple[type, Callable[[Any], Trace]]] = {
-    "zipf_hotspot": (zipf.ZipfHotspotSpec, zipf.generate),
-    "agent": (agent.AgentSpec, agent.generate),
-    "mooncake": (mooncake.MooncakeSpec, mooncake.generate),
-    "prefix_groups": (prefix_groups.PrefixGroupsSpec, prefix_groups.generate),
+#: kind -> (module of prism.traces, its spec dataclass); each module's ``generate(spec)`` makes the trace. A
+#: run imports only its own kind's module.
+KINDS: dict[str, tuple[str, str]] = {
+    "zipf_hotspot": ("zipf", "ZipfHotspotSpec"),
+    "agent": ("agent", "AgentSpec"),
+    "mooncake": ("mooncake", "MooncakeSpec"),
+    "prefix_groups": ("prefix_groups", "PrefixGroupsSpec"),
 }
+
+
+def generator(kind: str) -> tuple[type, Callable[[Any], Trace]]:
+    """The spec dataclass and the generator of a trace kind (one of ``KINDS``)."""
+    module, spec = KINDS[kind]
+    mod = importlib.import_module(f"prism.traces.{module}")
+    return getattr(mod, spec), mod.generate
 
 BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml",
            "agent": "agent.yaml", "mooncake": "mooncake.yaml", "prefix20": "prefix20.yaml"}
@@ -48,9 +56,9 @@ def parse_spec(data: Any, where: str) -> Any:
         raise UserError("a trace spec must be a mapping with a 'kind'", where)
     data = {k: v for k, v in data.items() if k != "engine"}  # the engine settings it needs: see spec_engine
     kind = data.get("kind")
-    if kind not in GENERATORS:
-        raise UserError(f"field 'kind': unknown trace kind {kind!r} (known: {', '.join(GENERATORS)})", where)
-    cls, _ = GENERATORS[kind]
+    if kind not in KINDS:
+        raise UserError(f"field 'kind': unknown trace kind {kind!r} (known: {', '.join(KINDS)})", where)
+    cls, _ = generator(kind)
     return build(cls, data, where)
 
 
@@ -83,7 +91,7 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
     p = resolve(source)
     if is_materialized(p) and is_mooncake_file(p):  # replay a raw Mooncake file with the default options
         spec = parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p))
-        return GENERATORS["mooncake"][1](spec)
+        return generator("mooncake")[1](spec)
     if is_materialized(p):
         t = trace_format.load(p)
         qps = overrides.pop("qps", None)
@@ -101,7 +109,7 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
             t = t.rescaled(float(qps))
         return t
     spec = load_spec(p, overrides)
-    return GENERATORS[spec.kind][1](spec)
+    return generator(spec.kind)[1](spec)
 
 
 def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:
