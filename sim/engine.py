@@ -124,6 +124,8 @@ class Engine:
                                    config.new_token_ratio_decay_steps)
         self.step = 0  # decode steps so far
         self.sum_ctx = 0  # Σ context tokens of the decoding requests
+        self.sum_finish = 0  # Σ finish steps of the decoding requests (see _running_estimate)
+        self.long_decodes = 0  # decoding requests whose remaining decode may exceed clip_max_new_tokens
         self.counters: Counter = Counter()
         # SGLang's ``batch_is_full``: set when admission stops for lack of KV space or running slots, so
         # the queue is not re-planned every decode step; cleared when a request finishes.
@@ -166,7 +168,7 @@ class Engine:
                 self.step += 1
                 self.sum_ctx += n
                 while self.decoding and self.decoding[0][0] <= self.step:
-                    self._finish(heapq.heappop(self.decoding)[1])
+                    self._finish(self._pop_decoding())
             else:
                 if self.waiting:
                     raise RuntimeError("engine stalled: a waiting request can never be admitted")
@@ -309,9 +311,27 @@ class Engine:
         return -take % page + page + (self._max_new(seq) if last else 0)
 
     def _running_estimate(self) -> float:
-        """SGLang's offset for running requests: remaining decode (clipped) x the new-token ratio."""
+        """SGLang's offset for running requests: remaining decode (clipped) x the new-token ratio.
+
+        It is asked at every admission round, over a running batch of hundreds on a GPU-sized pool: while no
+        running request's remaining decode can reach the clip, the sum is kept (Σ finish steps − n · step)."""
         clip, step = self.cfg.clip_max_new_tokens, self.step
-        return sum(min(s.finish_step - step, clip) for _, s in self.decoding) * self.ratio.current
+        if not self.long_decodes:
+            remaining = self.sum_finish - len(self.decoding) * step
+        else:
+            remaining = sum(min(s.finish_step - step, clip) for _, s in self.decoding)
+        return remaining * self.ratio.current
+
+    def _push_decoding(self, seq: Seq) -> None:
+        heapq.heappush(self.decoding, (seq.finish_step, seq))
+        self.sum_finish += seq.finish_step
+        self.long_decodes += seq.output_len > self.cfg.clip_max_new_tokens  # its remaining decode is shorter
+
+    def _pop_decoding(self) -> Seq:
+        seq = heapq.heappop(self.decoding)[1]
+        self.sum_finish -= seq.finish_step
+        self.long_decodes -= seq.output_len > self.cfg.clip_max_new_tokens
+        return seq
 
     def _take(self, seq: Seq, take: int) -> None:
         """Claim KV for the next ``take`` prompt tokens of ``seq`` (already reserved); the batch's eviction
@@ -340,7 +360,7 @@ class Engine:
             else:
                 seq.finish_step = self.step + seq.output_len - generated
                 self.sum_ctx += seq.prompt_len + generated
-                heapq.heappush(self.decoding, (seq.finish_step, seq))
+                self._push_decoding(seq)
 
     # ------------------------------------------------------------------ finish
     def _finish(self, seq: Seq) -> None:
@@ -384,8 +404,10 @@ class Engine:
             # SGLang puts the freed space to use at once: evict until the kept requests have ``keep`` steps
             self._allocate(min(len(order) * keep, self._free() + self.cache.evictable_size))
         gone = {s.id for s in retracted}
-        self.decoding = [(f, s) for f, s in self.decoding if s.id not in gone]
-        heapq.heapify(self.decoding)
+        kept = [s for _, s in self.decoding if s.id not in gone]
+        self.decoding, self.sum_finish, self.long_decodes = [], 0, 0
+        for s in kept:
+            self._push_decoding(s)
         self.ratio.after_retract(sum(s.generated(step) for s in order), sum(s.output_len for s in order),
                                  len(order), keep)
         self.waiting.extend(retracted)  # SGLang appends a retracted request to its waiting queue

@@ -107,6 +107,7 @@ def engines(draw, trace: Trace) -> EngineConfig:
         min_new_token_ratio_factor=draw(st.sampled_from([0.14, 1.0])),
         new_token_ratio_decay_steps=draw(st.sampled_from([1, 10, 600])),
         retract_decode_steps=draw(st.sampled_from([1, 20])),
+        clip_max_new_tokens=draw(st.sampled_from([4096, 10, 40])),  # below some outputs: estimates get clipped
         page_size=page,
         chunked_prefill_size=draw(st.integers(page, 160)),
         max_prefill_tokens=draw(st.integers(page, 200)),  # below a page nothing could run (rejected at load)
@@ -201,6 +202,9 @@ class Observer:
             tree_tokens(cache), decoding, tails, self.batch_tokens), \
             f"{where}: engine's KV accounting differs from the observer's"
         assert eng.reserved >= 0, f"{where}: negative reservation"
+        clip, step = eng.cfg.clip_max_new_tokens, eng.step  # SGLang's running estimate, summed afresh
+        assert eng._running_estimate() == sum(min(s.finish_step - step, clip) for _, s in eng.decoding) * \
+            eng.ratio.current, f"{where}: the running requests' decode estimate differs from its sum"
         # lock references are exactly the running requests' paths (the root's own lock aside)
         expected: Counter = Counter()
         for seq in eng.active.values():
