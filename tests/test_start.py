@@ -38,3 +38,18 @@ def test_a_plain_run_imports_no_heavy_module(tmp_path):
         assert after_import == [] and after_run == [], method
         assert "matplotlib" in after_plots
     assert (tmp_path / "run" / "requests.csv").stat().st_size > 0
+
+
+def test_a_run_imports_only_its_own_trace_kinds_generator(tmp_path):
+    probe_kinds = """
+import json, sys
+import prism.cli.sim as cli
+code = cli.main(["--trace", "zipf", "--method", "fcfs", "--set", "trace.num_requests=16", "--no-progress",
+                 "--out", "run"])
+kinds = ("zipf", "agent", "mooncake", "prefix_groups")
+print(json.dumps([code, [k for k in kinds if "prism.traces." + k in sys.modules]]))
+"""
+    out = subprocess.run([sys.executable, "-c", probe_kinds], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, ["zipf"]]

@@ -31,6 +31,7 @@ def generator(kind: str) -> tuple[type, Callable[[Any], Trace]]:
     mod = importlib.import_module(f"prism.traces.{module}")
     return getattr(mod, spec), mod.generate
 
+
 BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml",
            "agent": "agent.yaml", "mooncake": "mooncake.yaml", "prefix20": "prefix20.yaml"}
 
