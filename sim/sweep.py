@@ -16,9 +16,11 @@ Clusters: with ``instances`` and ``routers`` every method also runs on N instanc
 are per series. A cluster run has no Belady reference (an offline oracle per instance is not defined).
 
 Where runs execute: in this process (one worker), in a process pool, or on a Ray cluster (``ray_address``:
-``auto``, ``local`` or ``HOST:PORT``). Workers only simulate and return the summary and the records; this
-process writes every run folder, so a multi-node Ray cluster needs no shared file system, and the results
-are the same bytes whichever executes them (the simulation is deterministic).
+``auto``, ``local`` or ``HOST:PORT``). A pool's workers, on this machine, write their own run folders and
+return the summary (shipping a run's records to this process cost more than writing them); Ray workers only
+simulate and return the summary and the records, and this process writes the folder, so a multi-node Ray
+cluster needs no shared file system. The results are the same bytes whichever executes them (the simulation
+is deterministic).
 """
 
 from __future__ import annotations
@@ -181,6 +183,11 @@ def write_task(task: RunTask, summary: dict[str, Any], records: list[RequestReco
     write_requests_csv(records, folder / "requests.csv", cluster=task.instances > 1)
     write_json(summary, folder / "summary.json")
     return summary
+
+
+def run_task(task: RunTask) -> dict[str, Any]:
+    """Simulate a run and write its folder (a pool worker on this machine); its summary."""
+    return write_task(task, *simulate_task(task))
 
 
 def row_of(summary: dict[str, Any]) -> dict[str, Any]:
@@ -384,8 +391,8 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None) -> Iterable[dict[str, Any]]:
-    """The summary of every task, as runs finish: finished ones read back, the others simulated here, in a
-    process pool or on Ray, and written here."""
+    """The summary of every task, as runs finish: finished ones read back, the others simulated and written
+    here or in a process pool, or simulated on Ray and written here."""
     todo = []
     for t in tasks:
         done = finished_summary(t)
@@ -403,11 +410,10 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
     if workers <= 1:
         try:
             for t in todo:
-                yield write_task(t, *simulate_task(t))
+                yield run_task(t)
         finally:
             _RECENT_TRACES.clear()  # this process outlives the sweep: its traces go with it
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(simulate_task, t): t for t in todo}
-        for fut in as_completed(futures):
-            yield write_task(futures[fut], *fut.result())
+        for fut in as_completed([pool.submit(run_task, t) for t in todo]):
+            yield fut.result()
