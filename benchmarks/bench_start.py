@@ -10,6 +10,16 @@ peak RSS (``ru_maxrss``) when the trace starts to load, the other ends the proce
 (``simpy.Environment.step``). Wall times are the parent's, from launch to exit, interpreter start included.
 Targets (issue 14): time to first event <= 2x the reference, peak RSS before the trace loads <= 80 MiB.
 
+Two conditions, each process of both kinds alike:
+
+* ``cached`` (the target's): compiled bytecode is read from a cache, as for any installed package (pip
+  compiles it at install) and for a checkout after its first run. The caches go to a temporary
+  ``PYTHONPYCACHEPREFIX``, written by one warm-up run of each kind, so the checkout is left as it was;
+* ``as is``: the environment as given. Where it sets ``PYTHONDONTWRITEBYTECODE`` (some containers do, and
+  the development machine does) an editable checkout has no cached bytecode, and every start compiles
+  prism's modules from source (about 20 ms on the development machine), which the reference, installed
+  with its bytecode, never does.
+
 ``--python`` adds other interpreters (another checkout's virtual environment) side by side; every process
 runs in an empty temporary folder, so that no checkout's folder shadows the installed package.
 """
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -53,9 +64,9 @@ cli.main(sys.argv[1:])
 """
 
 
-def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
+def timed(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, str]:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:3])}...: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
@@ -70,30 +81,36 @@ def main() -> None:
     p.add_argument("--python", action="append", default=[], help="another interpreter to compare (repeatable)")
     args = p.parse_args()
     pythons = [sys.executable, *args.python]
-    best: dict[str, float] = {}
-    info: dict[str, dict] = {}
+    best: dict[tuple[str, str, str], float] = {}
+    info: dict[tuple[str, str], dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        cached["PYTHONPYCACHEPREFIX"] = f"{tmp}/pycache"
+        conditions = {"cached": cached, "as is": dict(os.environ)}
+        sim_cmd = ["-c", PROBE, "--trace", args.trace, "--method", args.method, "--no-progress", "--out", f"{tmp}/run"]
+        for py in pythons:  # the warm-up that writes the caches
+            timed([py, "-c", REFERENCE], tmp, cached)
+            timed([py, *sim_cmd], tmp, cached)
         for _ in range(args.repeat):
             for py in pythons:
-                ref, _ = timed([py, "-c", REFERENCE], tmp)
-                best[f"ref {py}"] = min(best.get(f"ref {py}", ref), ref)
-                sim, out = timed([py, "-c", PROBE, "--trace", args.trace, "--method", args.method, "--no-progress",
-                                  "--out", f"{tmp}/run"], tmp)
-                rec = json.loads(out.strip().splitlines()[-1])
-                key = f"sim {py}"
-                if sim < best.get(key, float("inf")):
-                    best[key] = sim
-                    info[py] = rec
+                for cond, env in conditions.items():
+                    ref, _ = timed([py, "-c", REFERENCE], tmp, env)
+                    best[py, cond, "ref"] = min(best.get((py, cond, "ref"), ref), ref)
+                    sim, out = timed([py, *sim_cmd], tmp, env)
+                    if sim < best.get((py, cond, "sim"), float("inf")):
+                        best[py, cond, "sim"] = sim
+                        info[py, cond] = json.loads(out.strip().splitlines()[-1])
     print(f"best of {args.repeat} fresh processes; prism-sim --trace {args.trace} --method {args.method} "
           f"until its first simulated event")
-    print(f"{'python':40s} {'ref_s':>6s} {'sim_s':>6s} {'x_ref':>6s} {'to_trace_s':>10s} {'rss_pre_trace':>13s} "
-          f"{'rss_1st_event':>13s}  heavy modules")
+    print(f"{'python':40s} {'bytecode':8s} {'ref_s':>6s} {'sim_s':>6s} {'x_ref':>6s} {'to_trace_s':>10s} "
+          f"{'rss_pre_trace':>13s} {'rss_1st_event':>13s}  heavy modules")
+    nan = float("nan")
     for py in pythons:
-        ref, sim, rec = best[f"ref {py}"], best[f"sim {py}"], info[py]
-        print(f"{py[-40:]:40s} {ref:6.3f} {sim:6.3f} {sim / ref:6.2f} {rec.get('t_trace_s', float('nan')):10.3f} "
-              f"{rec.get('rss_before_trace_mib', float('nan')):10.1f} MiB {rec['rss_first_event_mib']:9.1f} MiB  "
-              f"{','.join(rec['heavy']) or '-'}")
-
+        for cond in conditions:
+            ref, sim, rec = best[py, cond, "ref"], best[py, cond, "sim"], info[py, cond]
+            print(f"{py[-40:]:40s} {cond:8s} {ref:6.3f} {sim:6.3f} {sim / ref:6.2f} "
+                  f"{rec.get('t_trace_s', nan):10.3f} {rec.get('rss_before_trace_mib', nan):10.1f} MiB "
+                  f"{rec['rss_first_event_mib']:9.1f} MiB  {','.join(rec['heavy']) or '-'}")
 
 if __name__ == "__main__":
     main()
