@@ -87,7 +87,8 @@ def main() -> None:
         cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         cached["PYTHONPYCACHEPREFIX"] = f"{tmp}/pycache"
         conditions = {"cached": cached, "as is": dict(os.environ)}
-        sim_cmd = ["-c", PROBE, "--trace", args.trace, "--method", args.method, "--no-progress", "--out", f"{tmp}/run"]
+        sim_cmd = ["-c", PROBE, "--trace", args.trace, "--method", args.method, "--no-progress",
+                   "--out", f"{tmp}/run"]
         for py in pythons:  # the warm-up that writes the caches
             timed([py, "-c", REFERENCE], tmp, cached)
             timed([py, *sim_cmd], tmp, cached)
@@ -111,6 +112,7 @@ def main() -> None:
             print(f"{py[-40:]:40s} {cond:8s} {ref:6.3f} {sim:6.3f} {sim / ref:6.2f} "
                   f"{rec.get('t_trace_s', nan):10.3f} {rec.get('rss_before_trace_mib', nan):10.1f} MiB "
                   f"{rec['rss_first_event_mib']:9.1f} MiB  {','.join(rec['heavy']) or '-'}")
+
 
 if __name__ == "__main__":
     main()
