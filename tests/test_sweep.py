@@ -90,13 +90,16 @@ def test_byte_identical_across_hash_seeds(tmp_path, method):
     assert outs[0] == outs[1]
 
 
-def test_a_sweeps_runs_are_the_standalone_runs(tmp_path, capsys):
-    # one process runs every method at two rates in a row (and each run's Belady reference): each run's
-    # requests.csv is the bytes prism-sim writes for it alone
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_sweeps_runs_are_the_standalone_runs(tmp_path, capsys, workers):
+    # one process (or a pool's workers, which write their own run folders) runs every method at two rates in a
+    # row (and each run's Belady reference): each run's requests.csv is the bytes prism-sim writes for it alone
     out = tmp_path / "sw"
     methods = ["prism", "contextpilot", "sglang", "klpm"]
     assert sim_main(["sweep", "--trace", "zipf", "--methods", ",".join(methods), "--qps", "30,60", "--seeds", "2",
-                     "--set", "trace.num_requests=200", "--workers", "1", "--out", str(out), "--no-progress"]) == 0
+                     "--set", "trace.num_requests=200", "--workers", workers, "--out", str(out),
+                     "--no-progress"]) == 0
+    assert {p.name for p in (out / "runs").glob("*/*/*")} == {"requests.csv", "summary.json"}  # nothing stale
     for method in methods:
         for qps in (30, 60):
             alone = tmp_path / f"{method}-{qps}"
