@@ -88,13 +88,22 @@ class RadixCache:
 
     # ---------------------------------------------------------------- lookups
     def _lcp(self, a: bytes, b: bytes) -> int:
-        """Common prefix of two token byte strings, in tokens, floored to the page size."""
-        n = min(len(a), len(b)) // TOKEN_BYTES
-        x = np.frombuffer(a, dtype=TOKEN_DTYPE, count=n)
-        y = np.frombuffer(b, dtype=TOKEN_DTYPE, count=n)
-        diff = np.flatnonzero(x != y)
-        m = int(diff[0]) if len(diff) else n
-        return m - m % self.page_size
+        """Common prefix of two token byte strings, in tokens, floored to the page size.
+
+        A bisection over whole pages, each step one comparison of byte slices in C: a partly matched node
+        usually diverges hundreds of tokens in (at a segment boundary), where this takes a third less time
+        than comparing token arrays in numpy, whose fixed cost per call dominates."""
+        pb = self._pb
+        lo, hi = 0, min(len(a), len(b)) // pb  # pages: the first lo are equal; past hi there are none
+        if a[:hi * pb] == b[:hi * pb]:
+            return hi * self.page_size
+        while hi - lo > 1:  # the first hi pages differ somewhere
+            mid = (lo + hi) // 2
+            if a[lo * pb:mid * pb] == b[lo * pb:mid * pb]:
+                lo = mid
+            else:
+                hi = mid
+        return lo * self.page_size
 
     def _walk(self, key: bytes, node: Node, pos: int, split: bool, now: float | None = None, hit: bool = False,
               layout: Layout | None = None, path: list | None = None) -> tuple[Node, int, Node | None]:
