@@ -14,7 +14,7 @@ from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
 from prism.traces.spec import load_trace
 from prism.traces.stats import infinite_cache_hits, trace_stats
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.zipf import ZipfHotspotSpec, _categorical, generate
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,19 @@ def test_hot_count_follows_its_probabilities():
     assert counts[1] == counts[2] == 0  # a hot request takes 3, 4 or 5 hot passages
     assert abs(n_hot / 4000 - 0.7) < 4 * np.sqrt(0.7 * 0.3 / 4000)
     assert sps.chisquare(counts[3:], np.array([0.4, 0.4, 0.2]) * n_hot).pvalue > 1e-3
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights=st.lists(st.integers(0, 9), min_size=1, max_size=8).filter(any), seed=st.integers(0, 2**32 - 1))
+def test_categorical_draws_what_numpys_choice_draws(weights, seed):
+    """The generator's draw of a hot count is numpy's ``choice`` with probabilities, draw for draw (zero
+    weights included), and leaves the stream where ``choice`` leaves it."""
+    p = np.array(weights, dtype=float) / sum(weights)
+    draw = _categorical(p)
+    ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
+    for _ in range(200):
+        assert draw(ours) == int(numpys.choice(len(p), p=p))
+    assert ours.random() == numpys.random()
 
 
 @pytest.mark.parametrize("placement", ["draw", "rank"])
