@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from prism.errors import UserError
-from prism.metrics import RequestRecord, read_summary, write_json, write_requests_csv
+from prism.metrics import RequestRecord, csv_float, read_summary, write_json, write_requests_csv
 from prism.output import check_out_file, prepare_out_dir, write_csv
 from prism.settings import RunSpec, for_method, for_router, settings_from
 from prism.traces.spec import is_materialized, load_trace, resolve
@@ -216,7 +216,7 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fmt(v: Any) -> Any:
-    return repr(round(v, 9)) if isinstance(v, float) else v
+    return csv_float(v) if isinstance(v, float) else v
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,9 +14,12 @@ import textwrap
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism.cli.sim import main as sim_main
 from prism.errors import UserError
+from prism.metrics import csv_float
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text
 
 SMALL = ["--set", "trace.num_requests=30"]
@@ -220,3 +223,20 @@ def test_live_run_folder_policy_lists_the_plugin_files():
 
     assert LIVE_RUN_FILES[0] == "summary.json"  # removed first
     assert {"requests.csv", "events.jsonl", "counters.json", "overruns.jsonl", "server.log"} <= set(LIVE_RUN_FILES)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(v=st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                   st.floats(min_value=-2e6, max_value=2e6),
+                   st.floats(min_value=-1e-3, max_value=1e-3),
+                   st.decimals(min_value=-10**7, max_value=10**7, places=10, allow_nan=False).map(float)))
+def test_csv_floats_are_the_rounded_shortest_text(v):
+    """Every CSV writes a float as ``repr(round(v, 9))``; its faster form gives the same text for every float
+    (times of runs, rates, and the ranges where ``repr`` turns to exponents)."""
+    assert csv_float(v) == repr(round(v, 9))
+
+
+@pytest.mark.parametrize("v", [1e-4, 9.99999999995e-05, 0.00009999999949, 999999.9999999995, 1e6, -1e-4, -0.0,
+                               0.0, 5e-10, -5e-10, 123456.123456789, 0.1 + 0.2, 2.5e-9, 1e16, 3.0])
+def test_csv_floats_at_the_edges_of_the_fast_form(v):
+    assert csv_float(v) == repr(round(v, 9))
