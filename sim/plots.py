@@ -5,6 +5,8 @@ clusters adds the imbalance (max/mean requests per instance) against QPS."""
 from __future__ import annotations
 
 import csv
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,47 +71,58 @@ def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, ext
 
 
 def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
-               folders: dict[tuple[str, float], Path] | None = None) -> list[Path]:
+               folders: dict[tuple[str, float], Path] | None = None, workers: int = 1) -> list[Path]:
     """The sweep's plots in ``out`` (each written atomically); a TTFT CDF plot of another QPS left by an
     earlier sweep is removed. ``folders`` maps (method, qps) to the run folder of the CDF's curve (default:
-    the first ``runs/<method>/qps<Q>-seed*`` folder)."""
-    paths = [
-        _line_plot(agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
-        _line_plot(agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
-        _line_plot(agg, "hit_rate", "KV hit rate (Σ hit / Σ prompt tokens)", out / "hit_rate_vs_qps.png",
-                   extra=[("belady_hit_rate", "--", "Belady"),
-                          ("served_infinite_cache_hit_rate", ":", "infinite cache (as served)")], infinite=True),
+    the first ``runs/<method>/qps<Q>-seed*`` folder). ``workers`` > 1 draws the plots in that many processes
+    at once: drawing is the sweep's last step, with every other core idle (a plot takes about a tenth of a
+    second of matplotlib's text layout and rasterizing)."""
+    plots = [
+        partial(_line_plot, agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
+        partial(_line_plot, agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
+        partial(_line_plot, agg, "hit_rate", "KV hit rate (Σ hit / Σ prompt tokens)", out / "hit_rate_vs_qps.png",
+                extra=[("belady_hit_rate", "--", "Belady"),
+                       ("served_infinite_cache_hit_rate", ":", "infinite cache (as served)")], infinite=True),
     ]
     if any("imbalance" in a for a in agg):
-        paths.append(_line_plot([a for a in agg if "imbalance" in a], "imbalance",
-                                "imbalance (max / mean requests per instance)", out / "imbalance_vs_qps.png"))
+        plots.append(partial(_line_plot, [a for a in agg if "imbalance" in a], "imbalance",
+                             "imbalance (max / mean requests per instance)", out / "imbalance_vs_qps.png"))
     if cdf_qps is not None:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        drawn = False
+        curves = {}
         for method, color in _colors(agg).items():
             if folders is None:
                 runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
             else:
                 runs = [folders[(method, cdf_qps)]] if (method, cdf_qps) in folders else []
-            if not runs or not (runs[0] / "requests.csv").is_file():
-                continue
-            with (runs[0] / "requests.csv").open() as f:
-                ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
-            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method, color=color)
-            drawn = True
-        if drawn:
-            ax.set_xscale("log")
-            ax.set_xlabel("TTFT (s)")
-            ax.set_ylabel("fraction of requests")
-            ax.set_title(f"TTFT CDF at {cdf_qps:g} QPS (first seed)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            fig.tight_layout()
-            p = out / f"ttft_cdf_qps{cdf_qps:g}.png"
-            with atomic_path(p) as tmp:
-                fig.savefig(tmp, dpi=120)
-            paths.append(p)
-        plt.close(fig)
+            if runs and (runs[0] / "requests.csv").is_file():
+                curves[method] = (runs[0] / "requests.csv", color)
+        if curves:
+            plots.append(partial(_cdf_plot, curves, cdf_qps, out / f"ttft_cdf_qps{cdf_qps:g}.png"))
+    if workers > 1 and len(plots) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(plots))) as pool:
+            paths = [f.result() for f in [pool.submit(plot) for plot in plots]]
+    else:
+        paths = [plot() for plot in plots]
     for stale in set(out.glob("ttft_cdf_qps*.png")) - set(paths):
         stale.unlink()
     return paths
+
+
+def _cdf_plot(curves: dict[str, tuple[Path, str]], cdf_qps: float, path: Path) -> Path:
+    """The TTFT CDF at one QPS: a curve per series (its requests.csv, its color)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, (csv_path, color) in curves.items():
+        with csv_path.open() as f:
+            ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
+        ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"TTFT CDF at {cdf_qps:g} QPS (first seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    return path

@@ -39,6 +39,20 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert "prism" in capsys.readouterr().out
 
 
+def test_plots_drawn_in_parallel_are_the_serial_ones(tmp_path):
+    """A sweep on several workers draws its plots in several processes: the same files, byte for byte."""
+    pngs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        assert sim_main(["sweep", "--trace", "zipf", "--methods", "sglang,prism", "--qps", "20,40",
+                         "--set", "trace.num_requests=60", "--workers", str(workers), "--out", str(out),
+                         "--no-progress"]) == 0
+        pngs[workers] = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    assert sorted(pngs[1]) == ["hit_rate_vs_qps.png", "ttft_cdf_qps40.png", "ttft_p50_vs_qps.png",
+                               "ttft_p99_vs_qps.png"]
+    assert pngs[1] == pngs[2]
+
+
 @pytest.mark.parametrize("method,knobs", [
     ("fcfs", {}), ("sglang", {}), ("klpm", {}), ("contextpilot", {}), ("dfs_weight", {}), ("prism", {}),
     ("prism", {"qas": {"window_s": 0}}), ("qas+lfu", {}),
