@@ -44,7 +44,7 @@ from scipy.optimize import least_squares, lsq_linear
 
 from prism.config import read_text
 from prism.errors import UserError
-from prism.output import atomic_path, write_csv
+from prism.output import save_figure, write_csv
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, CostModel, load_profile
 
@@ -271,8 +271,4 @@ def residual_plot(report: FitReport, m: Measurements, path: Path) -> Path:
         mape = report.mape_prefill if title == "prefill" else report.mape_decode
         ax.set_title(f"{title}: MAPE {mape * 100:.2f}% over {len(y)} iterations")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

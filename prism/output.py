@@ -4,8 +4,9 @@ starts, and every result file is written whole or not at all.
     out = prepare_out_dir(args.out, "--out")        # a folder we can write into (created), else UserError
     path = check_out_file(args.out, "-o")           # a file we can write (its folder created), else UserError
     write_atomic_text(out / "summary.json", text)   # temporary file in the same folder, then rename
-    with atomic_path(out / "plot.png") as tmp:      # the same for any writer that wants a path
-        fig.savefig(tmp)
+    with atomic_path(out / "data.npz") as tmp:      # the same for any writer that wants a path
+        np.savez(tmp, **arrays)
+    save_figure(fig, out / "plot.png")              # a matplotlib figure: laid out, written, closed
 
 A bad location (under a regular file, under /proc, a read-only file system, a file where a folder is
 expected or a folder where a file is expected) raises :class:`~prism.errors.UserError`: one line naming
@@ -139,4 +140,16 @@ def write_csv(path: str | Path, fields: Sequence[str], rows: Iterable[Sequence[A
             w.writerow([r.get(k, "") for k in fields] if isinstance(r, Mapping) else r)
 
 
-__all__ = ["check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path", "write_atomic_text", "write_csv"]
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """A matplotlib figure, laid out tight, written atomically as ``path`` (PNG by its suffix) and closed. Every
+    plot of the project is saved so; matplotlib is imported by whoever made the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+__all__ = ["check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path", "write_atomic_text", "write_csv", "save_figure"]

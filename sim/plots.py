@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from prism.output import atomic_path  # noqa: E402
+from prism.output import save_figure  # noqa: E402
 
 
 def _name(a: dict[str, Any]) -> str:
@@ -63,11 +63,7 @@ def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, ext
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
@@ -121,8 +117,4 @@ def _cdf_plot(curves: dict[str, tuple[Path, str]], cdf_qps: float, path: Path) -
     ax.set_title(f"TTFT CDF at {cdf_qps:g} QPS (first seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -23,7 +23,7 @@ from prism.cli.common import check_workers, entry_point, parse_rates, table
 from prism.errors import UserError
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
-from prism.output import atomic_path, check_out_file, write_csv
+from prism.output import check_out_file, save_figure, write_csv
 from prism.settings import RunSpec, check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import is_materialized, resolve
@@ -113,11 +113,7 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("throughput (requests/s)")
     ax.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @entry_point("prism-theory")

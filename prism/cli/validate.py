@@ -19,7 +19,7 @@ from prism.cli.common import entry_point, parse_rates, table
 from prism.cli.live import add_live_flags, apply_pace_profile, options
 from prism.errors import UserError
 from prism.metrics import write_json
-from prism.output import atomic_path, check_out_file, prepare_out_dir, write_csv
+from prism.output import check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
 
 HIT_POINTS, TTFT_REL = 0.02, 0.15
@@ -81,10 +81,7 @@ def plot(rows: list[list], path: Path) -> None:
         ax.set_title(name)
         ax.set_xlabel("QPS")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 @entry_point("prism-live validate")
