@@ -152,4 +152,5 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     return Path(path)
 
 
-__all__ = ["check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path", "write_atomic_text", "write_csv", "save_figure"]
+__all__ = ["check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path", "write_atomic_text",
+           "write_csv", "save_figure"]
