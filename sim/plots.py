@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from prism.output import save_figure  # noqa: E402
+from prism.sim.sweep import pool_size  # noqa: E402
 
 
 def _name(a: dict[str, Any]) -> str:
@@ -70,9 +71,9 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
                folders: dict[tuple[str, float], Path] | None = None, workers: int = 1) -> list[Path]:
     """The sweep's plots in ``out`` (each written atomically); a TTFT CDF plot of another QPS left by an
     earlier sweep is removed. ``folders`` maps (method, qps) to the run folder of the CDF's curve (default:
-    the first ``runs/<method>/qps<Q>-seed*`` folder). ``workers`` > 1 draws the plots in that many processes
-    at once: drawing is the sweep's last step, with every other core idle (a plot takes about a tenth of a
-    second of matplotlib's text layout and rasterizing)."""
+    the first ``runs/<method>/qps<Q>-seed*`` folder). ``workers`` as the sweep's (0: one per CPU): more than
+    one draws the plots in that many processes at once, since drawing is the sweep's last step, with every
+    other core idle (a plot takes about a tenth of a second of matplotlib's text layout and rasterizing)."""
     plots = [
         partial(_line_plot, agg, "ttft_p99_s", "P99 TTFT (s)", out / "ttft_p99_vs_qps.png", log=True),
         partial(_line_plot, agg, "ttft_p50_s", "P50 TTFT (s)", out / "ttft_p50_vs_qps.png", log=True),
@@ -94,8 +95,9 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
                 curves[method] = (runs[0] / "requests.csv", color)
         if curves:
             plots.append(partial(_cdf_plot, curves, cdf_qps, out / f"ttft_cdf_qps{cdf_qps:g}.png"))
-    if workers > 1 and len(plots) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(plots))) as pool:
+    workers = pool_size(workers, len(plots))
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
             paths = [f.result() for f in [pool.submit(plot) for plot in plots]]
     else:
         paths = [plot() for plot in plots]

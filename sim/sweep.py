@@ -354,7 +354,7 @@ class Sweep:
         key = lambda r: (r.get("series") or r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
         path = self.out / "summary.csv"
         rows = {key(r): r for r in _read_rows(path) if key(r) in order}  # kept until their run reports again
-        workers = self.workers or min(len(tasks), os.cpu_count() or 1)
+        workers = pool_size(self.workers, len(tasks))
 
         def save() -> None:
             self.rows = sorted(rows.values(), key=lambda r: order[key(r)])
@@ -388,6 +388,12 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             continue
         good.append(r)
     return good
+
+
+def pool_size(workers: int, jobs: int) -> int:
+    """Processes for ``jobs`` independent jobs: ``workers``, where 0 means one per CPU, and never more than the
+    jobs (the sweep's runs, then its plots)."""
+    return max(1, min(jobs, workers or os.cpu_count() or 1))
 
 
 def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None) -> Iterable[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def main(argv: list[str]) -> int:
             first_seed.setdefault((t.series, t.qps), t.folder)
         from prism.sim.plots import plot_sweep  # matplotlib: only once the runs are done
 
-        plots = plot_sweep(out, agg, cdf, first_seed, workers=args.workers or os.cpu_count() or 1)
+        plots = plot_sweep(out, agg, cdf, first_seed, workers=args.workers)
     total, merged = len(sweep.merged), len(sweep.merged) - len(sweep.tasks())
     order = list(dict.fromkeys(t.series for t in sweep.merged))
     rows = []
