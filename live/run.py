@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from prism.errors import UserError
 from prism.metrics import RUN_FILES, RecordStream, RequestRecord, run_summary, write_json, write_requests_csv
-from prism.output import prepare_run_dir, write_atomic_text
+from prism.output import InterruptsHeld, prepare_run_dir, write_atomic_text
 from prism.policies.registry import engine_scheduler
 from prism.settings import RunSpec
 
@@ -217,17 +217,18 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             counters = json.loads((out / "counters.json").read_text())
         if server is not None:
             server.stop()
-        if records:  # a server that never served leaves its log and the one-line error, no empty summary
-            summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
-                                  counters={k: v for k, v in (counters or {}).items()
-                                            if isinstance(v, (int, float))},
-                                  wall_s=time.perf_counter() - wall0, complete=complete)
-            summary.update({"model": served.name, "paced": opts.pace,
-                            "dilation": dilation, "breakdown_from_server": server is not None,
-                            # SGLang's admission knobs as the server got them; null: a --url server's own
-                            "server_admission_env": admission_env(spec.engine) if server is not None else None})
-            write_requests_csv(records, out / "requests.csv")
-            write_json(summary, out / "summary.json")
+        with InterruptsHeld(reraise=False):  # a second Ctrl-C cannot cut the results' files short
+            if records:  # a server that never served leaves its log and the one-line error, no empty summary
+                summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
+                                      counters={k: v for k, v in (counters or {}).items()
+                                                if isinstance(v, (int, float))},
+                                      wall_s=time.perf_counter() - wall0, complete=complete)
+                summary.update({"model": served.name, "paced": opts.pace,
+                                "dilation": dilation, "breakdown_from_server": server is not None,
+                                # SGLang's admission knobs as the server got them; null: a --url server's own
+                                "server_admission_env": admission_env(spec.engine) if server is not None else None})
+                write_requests_csv(records, out / "requests.csv")
+                write_json(summary, out / "summary.json")
     return summary
 
 

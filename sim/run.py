@@ -14,6 +14,7 @@ import simpy
 
 from prism.core import Request
 from prism.metrics import RequestRecord, run_summary
+from prism.output import InterruptsHeld
 from prism.policies.registry import make_policies
 from prism.settings import RunSpec, kv_capacity
 from prism.traces.stats import infinite_cache_hit_rate
@@ -122,15 +123,23 @@ class Replay:
         return SimResult(self.records, summary, summary["counters"])
 
     def run(self, result: Callable[[bool], SimResult]) -> SimResult:
-        """Simulate to the last finish; Ctrl-C raises :class:`SimInterrupted` with ``result(False)``."""
+        """Simulate to the last finish. Ctrl-C raises :class:`SimInterrupted` with ``result(False)``, the
+        requests that finished; once all have finished, Ctrl-C waits for the summary, and the interruption
+        carries the whole result (``complete``: true)."""
         try:
             self.env.run(until=self.done)
         except KeyboardInterrupt:
-            raise SimInterrupted(result(False), self.total) from None
+            with InterruptsHeld(reraise=False):
+                res = result(False)
+            raise SimInterrupted(res, self.total) from None
         finally:
             if self.bar is not None:
                 self.bar.close()
-        return result(True)
+        with InterruptsHeld(reraise=False) as held:
+            res = result(True)
+        if held.caught:
+            raise SimInterrupted(res, self.total)
+        return res
 
 
 @contextmanager

@@ -25,14 +25,17 @@ from prism.output import atomic_path, prepare_run_dir, write_atomic_text
 SMALL = ["--set", "trace.num_requests=30"]
 
 # Runs prism-sim in a child process that stops at a chosen point (after N finished requests, or in the
-# middle of writing a file whose name contains HANG_IN), touches MARK and sleeps: the test then signals it.
+# middle of writing a file whose name contains HANG_IN), touches MARK and waits: the test then signals it and
+# touches GO (a signal that is not held ends the wait at once; a held one lets it go on at GO).
 DRIVER = textwrap.dedent("""
     import os, sys, time, pathlib
     mark, after, hang_in = os.environ["MARK"], int(os.environ.get("AFTER", "0")), os.environ.get("HANG_IN", "")
 
     def stop():
         pathlib.Path(mark).touch()
-        time.sleep(60)
+        go, deadline = pathlib.Path(mark + ".go"), time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     if after:
         from prism.sim import engine
@@ -59,8 +62,9 @@ DRIVER = textwrap.dedent("""
 
 def _stopped_run(tmp_path, argv, sig, **env):
     """Start the driver, wait until it stops where asked, send ``sig``; return (exit code, stderr)."""
-    mark = tmp_path / "mark"
+    mark, go = tmp_path / "mark", tmp_path / "mark.go"
     mark.unlink(missing_ok=True)
+    go.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}})
     deadline = time.monotonic() + 120
@@ -69,6 +73,8 @@ def _stopped_run(tmp_path, argv, sig, **env):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(sig)
+    time.sleep(0.2)  # delivered before the wait may end
+    go.touch()
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
 
@@ -103,6 +109,43 @@ def test_sigint_writes_partial_summary(tmp_path):
     assert summary["complete"] is False and summary["num_requests"] == 12
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert len(rows) == 12 and [int(r["id"]) for r in rows] == sorted(int(r["id"]) for r in rows)
+
+
+def test_sigint_after_the_run_finished_writes_it_whole(tmp_path):
+    """Ctrl-C while a finished run's files are being written waits for them: both whole, the summary
+    complete, and the exit says it was interrupted (a requests.csv without its summary would read as a
+    killed run)."""
+    out = tmp_path / "run"
+    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, HANG_IN="summary")
+    assert code == 130
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted after the run finished" in err and "complete: true" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is True and summary["num_requests"] == 30
+    assert len(list(csv.DictReader((out / "requests.csv").open()))) == 30
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+
+
+def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
+    """Ctrl-C while a finished simulation's summary is computed (the served-order reference can take a
+    while on a long trace) waits for it: the interruption carries the whole result."""
+    from prism.settings import merge_flags, settings_from
+    from prism.sim import run as sim_run
+
+    reference = sim_run.infinite_cache_hit_rate
+
+    def interrupted_reference(requests):
+        os.kill(os.getpid(), signal.SIGINT)
+        return reference(requests)
+
+    monkeypatch.setattr(sim_run, "infinite_cache_hit_rate", interrupted_reference)
+    spec = settings_from(merge_flags({}, ["trace.num_requests=30"], method="fcfs"), "test").resolve("zipf")
+    with pytest.raises(KeyboardInterrupt) as e:  # caught as such: a bare one would end the test session
+        sim_run.simulate(spec, served_reference=True)
+    assert isinstance(e.value, sim_run.SimInterrupted), "Ctrl-C cut the summary of a finished run short"
+    assert e.value.result.summary["complete"] is True and len(e.value.result.records) == 30
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again
 
 
 def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path, capsys):

@@ -8,7 +8,7 @@ import sys
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.metrics import RUN_FILES, RecordStream, write_json, write_requests_csv
-from prism.output import prepare_run_dir
+from prism.output import InterruptsHeld, prepare_run_dir
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 
@@ -79,18 +79,23 @@ def main(argv: list[str] | None = None) -> int:
     out = prepare_run_dir(out_dir(args, spec), RUN_FILES)
     cluster = spec.cluster.instances > 1
     stream = RecordStream(out / "requests.csv", cluster=cluster)  # an interrupted run keeps the requests it finished
+    interrupted: SimInterrupted | None = None
     try:
         result = simulate(spec, progress=not args.no_progress and sys.stderr.isatty(), on_record=stream,
                           served_reference=True)
     except SimInterrupted as e:
-        stream.close()
-        write_requests_csv(e.result.records, out / "requests.csv", cluster=cluster)
-        write_json(e.result.summary, out / "summary.json")
-        print(f"prism-sim: {e}; partial results in {out / 'requests.csv'} and {out / 'summary.json'} "
-              "(complete: false)", file=sys.stderr)
-        return 130
+        result, interrupted = e.result, e
     finally:
         stream.close()
+    with InterruptsHeld(reraise=False) as held:  # a result reaches the folder whole, Ctrl-C or not
+        write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
+        write_json(result.summary, out / "summary.json")
+    if interrupted is not None or held.caught:
+        complete = result.summary["complete"]
+        print(f"prism-sim: {'interrupted after the run finished' if complete else interrupted}; results in "
+              f"{out / 'requests.csv'} and {out / 'summary.json'} (complete: {str(complete).lower()})",
+              file=sys.stderr)
+        return 130
     s = result.summary
     write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
     write_json(s, out / "summary.json")
