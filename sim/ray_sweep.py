@@ -11,6 +11,7 @@ private Ray instance on this machine for the sweep and stops it after.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
 from prism.errors import UserError
@@ -24,12 +25,11 @@ def _ray():
     return ray
 
 
-def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:
-    """(task, simulate_task(task)) for every task, in the order they finish."""
-    from prism.sim.sweep import simulate_task
-
-    if not tasks:
-        return
+@contextlib.contextmanager
+def ray_session(address: str) -> Iterator[Any]:
+    """Ray, connected to ``address`` for the block; a session this call starts is shut down after it, one
+    already open is used as it is. ``prism-sim sweep --ray`` opens it before it writes anything, so that a
+    missing Ray or an unreachable cluster leaves the output folder untouched."""
     ray = _ray()
     started = not ray.is_initialized()
     if started:
@@ -37,8 +37,22 @@ def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:
             ray.init(address=None if address == "local" else address, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise UserError(f"cannot reach a Ray cluster: {' '.join(str(e).split())[:200]}", f"--ray {address}") from None
+            why = " ".join(str(e).split())[:200]
+            raise UserError(f"cannot reach a Ray cluster: {why}", f"--ray {address}") from None
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:
+    """(task, simulate_task(task)) for every task, in the order they finish."""
+    from prism.sim.sweep import simulate_task
+
+    if not tasks:
+        return
+    with ray_session(address) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(simulate_task)
         pending = {remote.remote(t): t for t in tasks}
         waiting = list(pending)
@@ -46,6 +60,3 @@ def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:
             ready, waiting = ray.wait(waiting, num_returns=1)
             for ref in ready:
                 yield pending[ref], ray.get(ref)
-    finally:
-        if started:
-            ray.shutdown()

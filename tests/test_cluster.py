@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import json
 
 import pytest
@@ -179,6 +180,17 @@ def test_cluster_sweep_has_a_series_per_router(tmp_path, capsys):
     assert head.endswith(",instance")
     assert sim_main(_sweep_argv(out, "--workers", "1")) == 0  # a rerun finds every run finished
     assert "12 runs" not in capsys.readouterr().out
+
+
+def test_ray_sweep_without_ray_writes_nothing(tmp_path, capsys):
+    """A sweep asked to run on Ray where Ray is not installed stops with one line before it writes anything
+    (it had left a sweep.json that refused the next sweep into the folder)."""
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed here")
+    out = tmp_path / "sw"
+    assert sim_main(_sweep_argv(out, "--ray", "auto")) == 2
+    assert "--ray needs Ray, which is not installed" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_ray_sweep_equals_the_process_pool(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -113,7 +114,13 @@ def main(argv: list[str]) -> int:
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
                   workers=args.workers, force=args.force, instances=instances, routers=routers, ray_address=args.ray)
     cdf = args.cdf_qps if args.cdf_qps is not None else sorted(qps)[len(qps) // 2]
-    with sweep.lock():  # one sweep at a time in a folder, plots included
+    if args.ray is not None:  # Ray imported and its cluster reached before anything is written
+        from prism.sim.ray_sweep import ray_session
+
+        session = ray_session(args.ray)
+    else:
+        session = contextlib.nullcontext()
+    with session, sweep.lock():  # one sweep at a time in a folder, plots included
         bar = tqdm(unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
         agg = sweep.run(on_done=lambda row: bar.update(1))
         bar.close()
