@@ -111,6 +111,33 @@ def test_example_config_loads_and_runs(tmp_path, capsys):
     assert summary["method"] == "prism" and summary["qps"] == 25 and summary["num_requests"] == 100
 
 
+def test_example_config_shows_every_knob_at_its_default():
+    """examples/sim-config.yaml names every knob of every section (the sections a method does not run
+    commented out) at its default value, so that it cannot fall behind the knob dataclasses again."""
+    import dataclasses
+    import re
+
+    import yaml
+    from conftest import ROOT
+    from prism.policies import registry
+    from prism.settings import ClusterConfig, EngineConfig
+
+    text = (ROOT / "examples" / "sim-config.yaml").read_text()
+    # a commented section is YAML once its '# ' goes: lines '# key:' and '#   key:'
+    lines = [ln[2:] if re.match(r"# (\w+|  \w+):", ln) else ln for ln in text.splitlines()]
+    shown = yaml.safe_load("\n".join(lines))
+    sections = {"engine": EngineConfig, "cluster": ClusterConfig}
+    for entry in (*registry.SCHEDULERS.values(), *registry.EVICTIONS.values(), *registry.ROUTERS.values()):
+        if entry.section:
+            sections[entry.section] = registry._lazy(entry.config) if isinstance(entry.config, str) else entry.config
+    for name, cls in sections.items():
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(cls)}
+        assert shown.get(name) == defaults, name
+    assert shown["method"] in registry.METHODS and shown["scheduler"] in registry.SCHEDULERS
+    assert shown["eviction"] in registry.EVICTIONS
+
+
 def test_sim_cli_writes_results(tmp_path, capsys):
     out = tmp_path / "run"
     code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--qps", "20", "--out", str(out),
