@@ -67,13 +67,13 @@ def _spec(args, instances: int, router: str, every: int = 1):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default="mooncake")
-    p.add_argument("--instances", default="4,8")
-    p.add_argument("--routers", default="rr,least_load,cache_aware,lmetric")
-    p.add_argument("--method", default="sglang")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default="mooncake", help="trace spec or built-in name (default mooncake)")
+    p.add_argument("--instances", default="4,8", help="comma-separated cluster sizes (default 4,8)")
+    p.add_argument("--routers", default="rr,least_load,cache_aware,lmetric", help="comma-separated routers")
+    p.add_argument("--method", default="sglang", help="method on every instance (default sglang)")
     p.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="interleaved repeats; the best wall time is kept")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     if hasattr(os, "sched_setaffinity"):

@@ -80,9 +80,9 @@ def sglang_lpm(cached):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="128,1000,10000")
-    p.add_argument("--repeat", type=int, default=5)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="128,1000,10000", help="comma-separated queue sizes")
+    p.add_argument("--repeat", type=int, default=5, help="repeats per point (the best is kept)")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     trace = generate(ZipfHotspotSpec(num_requests=1000 + max(sizes), seed=42))

@@ -57,7 +57,8 @@ def child(args: dict) -> dict:
         res = simulate(spec)
         walls.append(time.perf_counter() - t0)
     return {"wall_s": statistics.median(walls), "runs": len(walls), "gen_s": gen,
-            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "throughput_rps": res.summary["throughput_rps"], "hit_rate": res.summary["hit_rate"]}
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "throughput_rps": res.summary["throughput_rps"], "hit_rate": res.summary["hit_rate"]}
 
 
 def point(trace: str, size: int, method: str, qps: float, limit_s: float | None = None) -> dict | None:
@@ -74,11 +75,11 @@ def point(trace: str, size: int, method: str, qps: float, limit_s: float | None 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="512 and 5,120 requests")
     p.add_argument("--sizes", help="comma-separated request counts (default 2048,20480,204800)")
-    p.add_argument("--methods", default="fcfs,sglang,prism")
-    p.add_argument("--traces", default=DEFAULT_TRACES)
+    p.add_argument("--methods", default="fcfs,sglang,prism", help="comma-separated methods")
+    p.add_argument("--traces", default=DEFAULT_TRACES, help="comma-separated trace specs")
     p.add_argument("--loads", default="0.5,2", help="arrival rates as multiples of the measured knee")
     p.add_argument("--limit-s", type=float, default=900.0,
                    help="give up a point after this many seconds (shown as >LIMIT; larger sizes are then skipped)")

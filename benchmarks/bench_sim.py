@@ -24,10 +24,11 @@ from prism.calibration.cost_model import load_profile
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default="traces/zipf.yaml")
-    p.add_argument("--methods", default=",".join(["fcfs", *[m for m in METHODS if m != "fcfs"]]))
-    p.add_argument("--repeat", type=int, default=7)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default="traces/zipf.yaml", help="trace spec (default traces/zipf.yaml)")
+    p.add_argument("--methods", default=",".join(["fcfs", *[m for m in METHODS if m != "fcfs"]]),
+                   help="comma-separated methods, FCFS first (the ratios are to it)")
+    p.add_argument("--repeat", type=int, default=7, help="interleaved repeats (the best is kept)")
     args = p.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})

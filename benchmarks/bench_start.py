@@ -74,9 +74,9 @@ def timed(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--method", default="fcfs")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=7, help="processes of each kind (the best is kept)")
+    p.add_argument("--method", default="fcfs", help="method of the prism-sim process (default fcfs)")
     p.add_argument("--trace", default="zipf", help="a built-in spec or an absolute path")
     p.add_argument("--python", action="append", default=[], help="another interpreter to compare (repeatable)")
     args = p.parse_args()

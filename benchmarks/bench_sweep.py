@@ -65,8 +65,8 @@ def results(out: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=3)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=3, help="sweeps per interpreter, taking turns")
     p.add_argument("--workers", type=int, default=0, help="the sweep's --workers (default: one per CPU)")
     p.add_argument("--python", action="append", default=[], help="another interpreter to compare (repeatable)")
     p.add_argument("--allow-differ", action="store_true", help="versions that model differently: report only")

@@ -67,7 +67,7 @@ def digests(only: list[str] | None = None) -> dict[str, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", help="a file written by an earlier run: exit 1 if any digest differs")
     p.add_argument("--only", nargs="*", help="run only these names")
     args = p.parse_args()

@@ -111,6 +111,24 @@ def test_example_config_loads_and_runs(tmp_path, capsys):
     assert summary["method"] == "prism" and summary["qps"] == 25 and summary["num_requests"] == 100
 
 
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from prism.cli import calibrate, live, sim, sweep, theory, trace, validate
+
+    def parsers(p):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    missing = [f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
+               for m in (sim, sweep, theory, trace, calibrate, live, validate) for p in parsers(m.parser())
+               for a in p._actions if not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert not missing
+
+
 def test_example_config_shows_every_knob_at_its_default():
     """examples/sim-config.yaml names every knob of every section (the sections a method does not run
     commented out) at its default value, so that it cannot fall behind the knob dataclasses again."""

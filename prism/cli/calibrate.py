@@ -37,7 +37,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("-o", "--out", required=True, help="profile YAML to write (residual plot beside it)")
     f.add_argument("--gpu", default=DEFAULT_GPU, help="with --model: the roofline that supplies coefficients the "
                    "rows cannot identify")
-    f.add_argument("--model", default=DEFAULT_MODEL)
+    f.add_argument("--model", default=DEFAULT_MODEL, help=f"with --gpu: the model of that roofline (one of "
+                   f"{', '.join(profiles.models())})")
     f.add_argument("--first-token-s", type=float, default=0.0005, help="prefill end to first token (s)")
     me = sub.add_parser("measure", help="time prefill and decode iterations on a live SGLang server, write the "
                         "CSV that 'fit' reads")
@@ -60,11 +61,12 @@ def parser() -> argparse.ArgumentParser:
     me.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
     me.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     t = sub.add_parser("synth", help="write synthetic measurements from a profile (to try 'fit')")
-    t.add_argument("-o", "--out", required=True)
-    t.add_argument("--profile", default=DEFAULT_PROFILE)
-    t.add_argument("--rows", type=int, default=400)
+    t.add_argument("-o", "--out", required=True, help="measurements CSV to write")
+    t.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"GPU:MODEL or a profile YAML (default {DEFAULT_PROFILE})")
+    t.add_argument("--rows", type=int, default=400, help="measurement rows (default 400)")
     t.add_argument("--noise", type=float, default=0.03, help="relative Gaussian noise")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the rows and their noise")
     return p
 
 

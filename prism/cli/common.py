@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -9,6 +10,7 @@ from typing import Any, Callable
 
 from prism.config import MAX_QPS, MIN_QPS
 from prism.errors import UserError
+from prism.traces.spec import BUILTIN
 
 
 def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
@@ -47,6 +49,26 @@ def parse_rates(text: str, flag: str = "--qps") -> list[float]:
     if not vals or any(not MIN_QPS <= v <= MAX_QPS for v in vals):  # NaN fails too
         raise UserError(f"{flag}: rates must be numbers in {MIN_QPS:g}..{MAX_QPS:g}, got {text!r}")
     return vals
+
+
+def add_trace_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in "
+                                                  f"spec: {', '.join(BUILTIN)}")
+
+
+def add_set_flag(p: argparse.ArgumentParser, what: str = "a setting",
+                 example: str = "engine.max_total_tokens=65536, lpm.fcfs_threshold=64, trace.num_requests=200"
+                 ) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override {what}, e.g. {example} (repeatable)")
+
+
+def add_workers_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default 0: one per CPU)")
+
+
+def add_no_progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def check_workers(workers: int) -> None:

@@ -16,6 +16,9 @@ from prism.output import check_out_dir
 from prism.policies.registry import ROUTERS
 
 EPILOG = """\
+subcommand:
+  prism-live validate ...   the digital twin beside the simulator, method by method (prism-live validate --help)
+
 examples:
   prism-live --model llama2-13b --trace traces/zipf.yaml --method prism --qps 12          # GPU machine
   prism-live --model tiny --pace a800-80g-pcie:qwen3-4b-instruct-2507 --trace traces/zipf.yaml --method prism --qps 20
@@ -81,7 +84,8 @@ def apply_pace_profile(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-live", description=__doc__.split(":", 1)[1].strip(),
+    p = argparse.ArgumentParser(prog="prism-live", description=__doc__.split(":", 1)[1].strip()
+                                + "\nAgainst the simulator: prism-live validate (prism-live validate --help).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
     add_live_flags(p)

@@ -14,21 +14,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from prism.cli.common import add_no_progress_flag, add_set_flag, add_trace_flag
 from prism.policies.registry import EVICTIONS, METHODS, SCHEDULERS
 from prism.settings import RunSpec, merge_flags, read_config, settings_from
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="trace spec (YAML), materialized trace (JSONL), or a built-in spec: "
-                                                      "zipf, multihop, agent, mooncake, prefix20")
+    add_trace_flag(p)
     p.add_argument("--config", help="YAML file with run settings")
     p.add_argument("--scheduler", help=f"scheduler: {', '.join(SCHEDULERS)}")
     p.add_argument("--eviction", help=f"eviction policy: {', '.join(EVICTIONS)}")
     p.add_argument("--profile", help="GPU:MODEL (default a800-80g-pcie:qwen3-4b-instruct-2507) or a profile YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. engine.max_total_tokens=65536, lpm.fcfs_threshold=64, "
-                        "trace.num_requests=200 (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_set_flag(p)
+    add_no_progress_flag(p)
     p.add_argument("--method", help=f"method preset: {', '.join(METHODS)} (default sglang)")
     p.add_argument("--qps", type=float, help="arrival rate (overrides the trace's; rescales a JSONL trace)")
     p.add_argument("--seed", type=int, help="trace seed (overrides the spec's)")

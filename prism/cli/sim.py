@@ -13,6 +13,9 @@ from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 
 EPILOG = """\
+subcommand:
+  prism-sim sweep ...   methods x QPS x seeds in parallel, with CSV files and plots (prism-sim sweep --help)
+
 examples:
   prism-sim --trace traces/zipf.yaml
   prism-sim --trace traces/zipf.yaml --method fcfs --qps 40 --out runs/fcfs40
@@ -39,7 +42,8 @@ requests.csv without summary.json is a run that was killed; Ctrl-C writes a part
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip(),
+    p = argparse.ArgumentParser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip()
+                                + "\nMany runs at once: prism-sim sweep (prism-sim sweep --help).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
     p.add_argument("--instances", type=int, help="engine instances behind a router (default 1: one engine)")

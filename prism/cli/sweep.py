@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from prism.cli.common import check_workers, parse_rates, table
+from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
+                              parse_rates, table)
 from prism.errors import UserError
 from prism.policies.registry import METHODS, check_router
 from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
@@ -44,19 +45,18 @@ MAX_SEEDS = 1000
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    p.add_argument("--trace", required=True, help="trace spec (YAML) or a built-in spec: zipf, multihop, agent, "
-                                                  "mooncake, prefix20")
+    add_trace_flag(p)
     p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
     p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(p)
     p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
     p.add_argument("--instances", help="comma-separated cluster sizes, e.g. 1,4,8 (default: the settings' "
                                        "cluster.instances, else 1)")
     p.add_argument("--routers", help="comma-separated routers of the clusters (default: the settings' "
                                      "cluster.router, else cache_aware)")
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU)")
+    add_workers_flag(p)
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: auto, ray://HOST:10001, HOST:PORT, or "
                                                     "local (a private Ray on this machine)")
     p.add_argument("--no-belady", action="store_true", help="skip the Belady reference runs (halves the cost)")
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
     p.add_argument("--force", action="store_true", help="replace an earlier sweep of other settings in --out "
                                                         "(default: refused; one of the same settings is merged)")
-    p.add_argument("--no-progress", action="store_true")
+    add_no_progress_flag(p)
     return p
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.cli.common import check_workers, entry_point, parse_rates, table
+from prism.cli.common import (add_set_flag, add_trace_flag, add_workers_flag, check_workers, entry_point, parse_rates,
+                              table)
 from prism.errors import UserError
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
@@ -37,13 +38,13 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example:\n  prism-theory --trace traces/zipf.yaml --method prism "
                                        "--qps 20,40,60,80 --out runs/theory")
-    p.add_argument("--trace", required=True)
+    add_trace_flag(p)
     p.add_argument("--method", default="prism", help="method preset or SCHEDULER+EVICTION")
     p.add_argument("--qps", default="10,20,30,40", help="comma-separated arrival rates")
     p.add_argument("--config", help="YAML settings (as for prism-sim)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(p)
     p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
-    p.add_argument("--workers", type=int, default=0)
+    add_workers_flag(p)
     p.add_argument("--out", help="output folder (default runs/theory-<trace>-<method>)")
     p.add_argument("--force", action="store_true", help="replace earlier runs of other settings in --out")
     return p

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from prism.cli.common import entry_point
+from prism.cli.common import add_set_flag, entry_point
 from prism.config import apply_overrides
 from prism.errors import UserError
 from prism.output import check_out_file
@@ -21,16 +21,15 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gen", help="materialize a trace spec into a JSONL trace file")
     g.add_argument("spec", help="trace spec YAML (or built-in name 'zipf')")
     g.add_argument("-o", "--out", required=True, help="output JSONL file")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field, e.g. qps=40 or num_requests=200 (repeatable)")
+    add_set_flag(g, "a spec field", "qps=40, num_requests=200")
     s = sub.add_parser("stats", help="requests, segments, reuse, prompt lengths, infinite-cache hit rate")
     s.add_argument("trace", help="trace spec YAML or JSONL file")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(s, "a spec field", "qps=40, num_requests=200")
     m = sub.add_parser("sample", help="print a few requests with their segment structure")
     m.add_argument("trace", help="trace spec YAML or JSONL file")
     m.add_argument("-n", type=int, default=5, help="requests to print (default 5)")
-    m.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(m, "a spec field", "qps=40, num_requests=200")
     return p
 
 

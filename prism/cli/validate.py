@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-from prism.cli.common import entry_point, parse_rates, table
+from prism.cli.common import add_no_progress_flag, add_set_flag, add_trace_flag, entry_point, parse_rates, table
 from prism.cli.live import add_live_flags, apply_pace_profile, options
 from prism.errors import UserError
 from prism.metrics import write_json
@@ -31,15 +31,15 @@ COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", required=True, help="trace spec, JSONL trace or built-in name")
+    add_trace_flag(p)
     p.add_argument("--methods", default="sglang,prism", help="comma-separated methods (default sglang,prism)")
     p.add_argument("--qps", default="15,25", help="comma-separated arrival rates (default 15,25)")
     p.add_argument("--config", help="YAML file with run settings")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(p)
     p.add_argument("--seed", type=int, help="trace seed")
     p.add_argument("--profile", help="GPU:MODEL or a profile YAML (the twin paces to it)")
     p.add_argument("--out", default="runs/validate", help="output folder (default runs/validate)")
-    p.add_argument("--no-progress", action="store_true")
+    add_no_progress_flag(p)
     add_live_flags(p)
     return p
 
