@@ -33,37 +33,64 @@ def _series(agg: list[dict[str, Any]], metric: str) -> dict[str, tuple[np.ndarra
     return out
 
 
-def _colors(agg: list[dict[str, Any]]) -> dict[str, str]:
-    """One color per series, the same in every plot of a sweep."""
-    return {m: f"C{i % 10}" for i, m in enumerate(dict.fromkeys(map(_name, agg)))}
+MARKERS = "os^Dv"  # a series past the palette's colors takes the next marker (and CDF line style)
+LINES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)))
+LEGEND_ROWS = 26  # legend entries a column holds beside a plot of the default height
+
+
+def _styles(agg: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """(color, style index) per series, the same in every plot of a sweep: matplotlib's ten colors, or twenty
+    (tab20) for a sweep of more series (a cluster sweep: methods x routers x sizes), and past those the
+    next marker, so that no two series look alike up to 100."""
+    names = list(dict.fromkeys(map(_name, agg)))
+    if len(names) <= 10:
+        return {m: (f"C{i}", 0) for i, m in enumerate(names)}
+    tab20 = plt.get_cmap("tab20").colors
+    return {m: (matplotlib.colors.to_hex(tab20[i % 20]), i // 20 % len(MARKERS)) for i, m in enumerate(names)}
+
+
+def _legend(fig, ax, handles: list | None = None) -> None:
+    """The legend in plotting order (``handles``: (handle, label) pairs; None: the axes' own): right of the
+    plot in one column, or for more entries than that holds, below it in columns across the figure's width,
+    the figure grown by the rows it takes."""
+    handles = handles or list(zip(*ax.get_legend_handles_labels()))
+    if len(handles) <= LEGEND_ROWS:
+        ax.legend(*zip(*handles), fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        return
+    ncol = max(1, int(fig.get_figwidth() // 2.6))  # columns of about 2.6 in (a long series name and its note)
+    rows = -(-len(handles) // ncol)
+    fig.set_figheight(fig.get_figheight() + 0.14 * rows + 0.3)
+    # under the x axis's label: a pad in font sizes (7 pt each), so it holds whatever height the axes get
+    ax.legend(*zip(*handles), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0), borderaxespad=5, ncol=ncol)
 
 
 def _line_plot(agg, metric: str, ylabel: str, path: Path, log: bool = False, extra=None,
                infinite: bool = False) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    colors = _colors(agg)
+    styles, legend = _styles(agg), []
     for method, (x, y, ci) in _series(agg, metric).items():
+        color, k = styles[method]
         # on a log axis a confidence interval wider than the mean would reach zero: clip its lower arm
         lower = np.minimum(ci, 0.9 * y) if log else ci
-        ax.errorbar(x, y, yerr=[lower, ci], marker="o", capsize=3, label=method, color=colors[method])
+        legend.append((ax.errorbar(x, y, yerr=[lower, ci], marker=MARKERS[k], capsize=3, color=color), method))
         if extra:
             for ref_metric, style, name in extra:
                 ref = _series(agg, ref_metric).get(method)
                 if ref is not None and len(ref[0]):
-                    ax.plot(ref[0], ref[1], style, color=colors[method], alpha=0.6, label=f"{method} {name}")
+                    legend.append((ax.plot(ref[0], ref[1], style, color=color, alpha=0.6)[0], f"{method} {name}"))
     if infinite:  # a property of the trace, the same for every method
         by_qps: dict[float, list[float]] = {}
         for a in agg:
             if "infinite_cache_hit_rate" in a:
                 by_qps.setdefault(a["qps"], []).append(a["infinite_cache_hit_rate"])
         xs = sorted(by_qps)
-        ax.plot(xs, [np.mean(by_qps[x]) for x in xs], "k:", label="infinite cache (trace order)")
+        legend.append((ax.plot(xs, [np.mean(by_qps[x]) for x in xs], "k:")[0], "infinite cache (trace order)"))
     ax.set_xlabel("offered load (QPS)")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    _legend(fig, ax, legend)
     return save_figure(fig, path)
 
 
@@ -86,13 +113,13 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
                              "imbalance (max / mean requests per instance)", out / "imbalance_vs_qps.png"))
     if cdf_qps is not None:
         curves = {}
-        for method, color in _colors(agg).items():
+        for method, style in _styles(agg).items():
             if folders is None:
                 runs = sorted((out / "runs" / method).glob(f"qps{cdf_qps:g}-seed*"))
             else:
                 runs = [folders[(method, cdf_qps)]] if (method, cdf_qps) in folders else []
             if runs and (runs[0] / "requests.csv").is_file():
-                curves[method] = (runs[0] / "requests.csv", color)
+                curves[method] = (runs[0] / "requests.csv", style)
         if curves:
             plots.append(partial(_cdf_plot, curves, cdf_qps, out / f"ttft_cdf_qps{cdf_qps:g}.png"))
     workers = pool_size(workers, len(plots))
@@ -106,17 +133,20 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
     return paths
 
 
-def _cdf_plot(curves: dict[str, tuple[Path, str]], cdf_qps: float, path: Path) -> Path:
-    """The TTFT CDF at one QPS: a curve per series (its requests.csv, its color)."""
+def _cdf_plot(curves: dict[str, tuple[Path, tuple[str, int]]], cdf_qps: float, path: Path) -> Path:
+    """The TTFT CDF at one QPS: a curve per series (its requests.csv, its style)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for method, (csv_path, color) in curves.items():
+    for method, (csv_path, (color, k)) in curves.items():
         with csv_path.open() as f:
             ttft = np.sort([float(r["ttft"]) for r in csv.DictReader(f)])
-        ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=method, color=color)
+        ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), linestyle=LINES[k], label=method, color=color)
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"TTFT CDF at {cdf_qps:g} QPS (first seed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if len(curves) <= 10:
+        ax.legend(fontsize=7)
+    else:  # beside the plot, not over its curves
+        _legend(fig, ax)
     return save_figure(fig, path)

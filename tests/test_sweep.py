@@ -124,3 +124,25 @@ def test_a_sweeps_runs_are_the_standalone_runs(tmp_path, capsys, workers):
             assert (json.loads((swept / "summary.json").read_text())["infinite_cache_hit_rate"]
                     == json.loads((alone / "summary.json").read_text())["infinite_cache_hit_rate"])
     capsys.readouterr()
+
+
+def test_plots_of_many_series_keep_them_apart_and_lay_out(tmp_path):
+    """A cluster sweep's 32 series (4 methods x 4 routers x 2 sizes, the README's tour) get 32 different
+    looks, and every plot lays out without matplotlib's warning (its one-column legend had not fit)."""
+    import warnings
+
+    from prism.sim.plots import _styles, plot_sweep
+
+    series = [f"{m}@{r}x{n}" for m in ("sglang", "klpm", "contextpilot", "prism")
+              for n in (4, 8) for r in ("rr", "least_load", "cache_aware", "lmetric")]
+    agg = [{"series": s, "method": s.split("@")[0], "qps": q, "ttft_p99_s": 0.1 + i / 100, "ttft_p50_s": 0.05,
+            "hit_rate": 0.3, "belady_hit_rate": 0.31, "served_infinite_cache_hit_rate": 0.35,
+            "infinite_cache_hit_rate": 0.3, "imbalance": 1.1}
+           for i, s in enumerate(series) for q in (40.0, 60.0)]
+    looks = _styles(agg)
+    assert len(set(looks.values())) == len(series) == 32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = plot_sweep(tmp_path, agg, None)
+    assert sorted(p.name for p in paths) == ["hit_rate_vs_qps.png", "imbalance_vs_qps.png", "ttft_p50_vs_qps.png",
+                                              "ttft_p99_vs_qps.png"]
