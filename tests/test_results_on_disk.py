@@ -283,3 +283,16 @@ def test_csv_floats_are_the_rounded_shortest_text(v):
                                0.0, 5e-10, -5e-10, 123456.123456789, 0.1 + 0.2, 2.5e-9, 1e16, 3.0])
 def test_csv_floats_at_the_edges_of_the_fast_form(v):
     assert csv_float(v) == repr(round(v, 9))
+
+
+@pytest.mark.parametrize("bad", [["--set", "engine.max_total_tokens=10"], ["--set", "engine.warmup_requests=64"],
+                                 ["--set", "trace.seed=-5"], ["--set", "trace.seed=abc"], ["--set", "trace.seed=1.5"],
+                                 ["--qps", "20,,30"], ["--methods", "fcfs,"]])
+def test_sweep_refuses_bad_settings_before_touching_its_folder(tmp_path, capsys, bad):
+    """Every setting a sweep's runs would refuse is refused before the folder is made: a sweep.json left
+    behind by a sweep that never ran refused the corrected sweep into the folder."""
+    out = tmp_path / "sw"
+    assert sim_main([*_sweep(out), *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()

@@ -40,10 +40,20 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
     return wrap
 
 
+def comma_list(text: str, flag: str, what: str = "values") -> list[str]:
+    """``"a, b,c"`` → ``["a", "b", "c"]``; an empty item (``"40,,50"``, a trailing comma: a typo, never meant as
+    nothing) or an empty list is a UserError naming the flag."""
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or "" in items:
+        raise UserError(f"{flag}: expected comma-separated {what} with none empty, got {text!r}")
+    return items
+
+
 def parse_rates(text: str, flag: str = "--qps") -> list[float]:
     """``"40,50,60"`` → arrival rates, each finite and within the documented bounds of a trace's rate."""
+    items = comma_list(text, flag, "numbers")
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [float(x) for x in items]
     except ValueError:
         raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
     if not vals or any(not MIN_QPS <= v <= MAX_QPS for v in vals):  # NaN fails too

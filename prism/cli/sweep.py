@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
-                              parse_rates, table)
+                              comma_list, parse_rates, table)
 from prism.errors import UserError
 from prism.policies.registry import METHODS, check_router
 from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
-from prism.traces.spec import check_source, is_materialized, resolve, spec_seed
+from prism.traces import Trace, load_trace
+from prism.traces.spec import check_source, is_materialized, resolve
 
 EPILOG = """\
 examples:
@@ -69,8 +71,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _ints(text: str, flag: str) -> list[int]:
+    items = comma_list(text, flag, "whole numbers")
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in items]
     except ValueError:
         raise UserError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
@@ -81,9 +84,7 @@ def _ints(text: str, flag: str) -> list[int]:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     qps = parse_rates(args.qps)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
-        raise UserError(f"--methods: expected comma-separated methods, got {args.methods!r}")
+    methods = comma_list(args.methods, "--methods", "methods")
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise UserError(f"--seeds must be in 1..{MAX_SEEDS}, got {args.seeds}")
     check_workers(args.workers)
@@ -94,22 +95,29 @@ def main(argv: list[str]) -> int:
     materialized = is_materialized(resolve(args.trace))
     check_knobs_used(base, methods, where)
     cluster = base.get("cluster") if isinstance(base.get("cluster"), dict) else {}
-    instances = _ints(args.instances, "--instances") if args.instances else [int(cluster.get("instances") or 1)]
-    routers = ([check_router(r.strip()) for r in args.routers.split(",") if r.strip()] if args.routers
-               else [str(cluster.get("router") or "cache_aware")])
-    if not routers:
-        raise UserError(f"--routers: expected comma-separated routers, got {args.routers!r}")
+    instances = _ints(args.instances, "--instances") if args.instances is not None else [int(cluster.get("instances") or 1)]
+    routers = ([check_router(r) for r in comma_list(args.routers, "--routers", "routers")]
+               if args.routers is not None else [str(cluster.get("router") or "cache_aware")])
     check_router_knobs_used(base, routers, where)
-    for m in methods:  # validate every combination before starting workers
-        for n in instances:
-            for r in routers if n > 1 else [""]:
-                cfg = task_config(base, m, qps[0], None if materialized else 0, n, r)
-                settings_from(cfg, where).engine_for(args.trace)
-    check_source(args.trace, cfg["trace"])
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
-    seed0 = (base.get("trace") or {}).get("seed", spec_seed(args.trace))
-    seeds = [int(seed0) + i for i in range(args.seeds)]
+    traces: dict[str, Trace] = {}  # the combinations' one trace, generated once
+
+    def load_once(source: str, overrides: dict) -> Trace:
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in traces:
+            traces[key] = load_trace(source, overrides)
+        return traces[key]
+
+    for m in methods:  # every combination resolved as its first run will be, before --out is touched
+        for n in instances:
+            for r in routers if n > 1 else [""]:
+                cfg = task_config(base, m, qps[0], None, n, r)  # the settings' own seed, checked here
+                spec = settings_from(cfg, where).resolve(args.trace, load_once)
+    traces.clear()
+    check_source(args.trace, cfg["trace"])
+    seed0 = 0 if materialized else spec.seed
+    seeds = [seed0 + i for i in range(args.seeds)]
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
                   workers=args.workers, force=args.force, instances=instances, routers=routers, ray_address=args.ray)

@@ -15,9 +15,9 @@ import copy
 import sys
 from pathlib import Path
 
-from prism.cli.common import add_no_progress_flag, add_set_flag, add_trace_flag, entry_point, parse_rates, table
+from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
+                              table)
 from prism.cli.live import add_live_flags, apply_pace_profile, options
-from prism.errors import UserError
 from prism.metrics import write_json
 from prism.output import check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
@@ -89,10 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     apply_pace_profile(args)
     opts = options(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = comma_list(args.methods, "--methods", "methods")
     rates = parse_rates(args.qps)
-    if not methods:
-        raise UserError(f"--methods: expected comma-separated methods, got {args.methods!r}")
     where = args.config or "settings"
     base = merge_flags(read_config(args.config), args.overrides, profile=args.profile, seed=args.seed)
     check_knobs_used(base, methods, where)
