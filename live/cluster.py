@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prism.errors import UserError
-from prism.metrics import RecordStream, RequestRecord, instance_summary, run_summary, write_json, write_requests_csv
+from prism.metrics import (SERVER_FILES, RecordStream, RequestRecord, instance_summary, prepare_run_folder, run_summary,
+                           write_json, write_requests_csv)
 from prism.output import prepare_run_dir, write_atomic_text
 from prism.policies.registry import make_router
 from prism.settings import RunSpec
@@ -35,10 +36,6 @@ from prism.live.model import resolve_model
 from prism.live.requests import live_requests
 from prism.live.server import Server, admission_env, wait_healthy
 
-#: a server's files in its instance folder (removed before a run starts)
-INSTANCE_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
-
-
 def instance_dir(out: Path, i: int) -> Path:
     return out / f"instance-{i}"
 
@@ -46,15 +43,6 @@ def instance_dir(out: Path, i: int) -> Path:
 def instance_spec(spec: RunSpec, i: int) -> RunSpec:
     """Instance ``i``'s run as a single server sees it: the cluster's run on that instance's profile."""
     return replace(spec, profile=spec.profile_of(i), instance_profiles=())
-
-
-def _clear_instance_dirs(out: Path, n: int) -> None:
-    """Instance folders 0..n-1 ready and empty of an earlier run's files, those of a larger earlier run too."""
-    for i in range(n):
-        prepare_run_dir(instance_dir(out, i), INSTANCE_FILES)
-    for d in out.glob("instance-*"):
-        if d.is_dir():
-            prepare_run_dir(d, INSTANCE_FILES)
 
 
 def check_cluster(spec: RunSpec, opts) -> None:
@@ -79,8 +67,9 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
     served = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
     reqs = live_requests(spec.trace, served.vocab_size, served.context_length, spec.trace_source or "trace")
     dilation = opts.dilation if opts.pace else 1.0
-    out = prepare_run_dir(out, single.LIVE_RUN_FILES)
-    _clear_instance_dirs(out, n)
+    out = prepare_run_folder(out)  # every earlier run's files go, those of its instance folders too
+    for i in range(n):
+        prepare_run_dir(instance_dir(out, i), SERVER_FILES)
     device = single._device(opts)
     specs = [instance_spec(spec, i) for i in range(n)]
     capacities = [single.kv_capacity(s) for s in specs]
@@ -162,4 +151,4 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
     return summary
 
 
-__all__ = ["live_cluster_run", "check_cluster", "instance_dir", "INSTANCE_FILES"]
+__all__ = ["live_cluster_run", "check_cluster", "instance_dir"]

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prism.errors import UserError
-from prism.metrics import RUN_FILES, RecordStream, RequestRecord, run_summary, write_json, write_requests_csv
-from prism.output import InterruptsHeld, prepare_run_dir, write_atomic_text
+from prism.metrics import (RecordStream, RequestRecord, prepare_run_folder, run_summary, write_json,
+                           write_requests_csv)
+from prism.output import InterruptsHeld, write_atomic_text
 from prism.policies.registry import engine_scheduler
 from prism.settings import RunSpec
 
@@ -34,9 +35,6 @@ from prism.live.requests import live_requests
 from prism.live.server import Server, admission_env, check_attachable, flush_cache, http_json, wait_healthy
 
 ENGINE_KIND = "sglang"
-#: a live run's files: prism-sim's, the server's log and the plugin's (removed before a run starts)
-LIVE_RUN_FILES = (*RUN_FILES, "events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
-
 
 @dataclass
 class LiveOptions:
@@ -170,7 +168,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     served = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
     reqs = live_requests(spec.trace, served.vocab_size, served.context_length, spec.trace_source or "trace")
     dilation = opts.dilation if opts.pace else 1.0
-    out = prepare_run_dir(out, LIVE_RUN_FILES)  # one run per folder: an earlier run's files go, summary first
+    out = prepare_run_folder(out)  # one run per folder: an earlier run's files go, summary first
     server = None
     events = _Events(None)
     if opts.url:

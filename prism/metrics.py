@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from prism.output import write_atomic_text, write_csv
+from prism.output import prepare_run_dir, write_atomic_text, write_csv
 from prism.settings import RunSpec
 
 
@@ -54,6 +54,20 @@ class RequestRecord:
 
 #: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
 RUN_FILES = ("summary.json", "requests.csv")
+#: what a live run adds for each server, in its folder (a cluster: in instance-<i>/ folders): its log, the plugin's
+#: settings, counters and event logs
+SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
+
+
+def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:
+    """A run's folder, checked and created, with every file an earlier run of either engine left there removed
+    (summary.json first; a live cluster's instance folders too), so that a simulated run never lands beside a
+    live run's server log and plugin files, nor a live run beside an older one's."""
+    out = prepare_run_dir(path, (*RUN_FILES, *SERVER_FILES), flag)
+    for d in sorted(out.glob("instance-*")):
+        if d.is_dir():
+            prepare_run_dir(d, SERVER_FILES, flag)
+    return out
 
 CSV_COLUMNS = [f.name for f in fields(RequestRecord) if f.name != "instance"] + ["w_admit", "t_prefill", "t_1tok",
                                                                                  "ttft"]

@@ -217,3 +217,21 @@ def test_prism_theory_end_to_end(tmp_path, capsys):
         assert r["departs"] == ",".join(n for n in names if float(r[f"{n}_rel_err"]) > 0.2)
     assert (out / "theory.png").stat().st_size > 1000
     assert "model knee" in capsys.readouterr().out
+
+
+def test_theory_outputs_of_earlier_runs_go_before_new_runs_start(tmp_path, capsys, monkeypatch):
+    """theory.csv/json/png compare the runs of the folder; a rerun of other settings (--force) that stops
+    before its own comparison must not leave the earlier one beside its runs."""
+    from prism.sim.sweep import Sweep
+
+    out = tmp_path / "th"
+    argv = ["--trace", "zipf", "--method", "sglang", "--qps", "10", "--out", str(out), "--workers", "1"]
+    assert theory_main([*argv, "--set", "trace.num_requests=50"]) == 0
+    assert {p.name for p in out.glob("theory.*")} == {"theory.csv", "theory.json", "theory.png"}
+
+    def interrupted(self, on_done=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Sweep, "run", interrupted)
+    assert theory_main([*argv, "--set", "trace.num_requests=60", "--force"]) == 130
+    assert not list(out.glob("theory.*"))

@@ -261,11 +261,19 @@ def test_atomic_helpers(tmp_path):
         prepare_run_dir(tmp_path / "file.txt" / "x", ())
 
 
-def test_live_run_folder_policy_lists_the_plugin_files():
-    from prism.live.run import LIVE_RUN_FILES
+def test_a_run_folder_holds_one_run_of_either_engine(tmp_path, capsys):
+    """A simulated run into a folder that held a live cluster run (its server logs and plugin files, in
+    instance folders too) leaves none of them beside its own files; other files stay."""
+    from prism.metrics import SERVER_FILES
 
-    assert LIVE_RUN_FILES[0] == "summary.json"  # removed first
-    assert {"requests.csv", "events.jsonl", "counters.json", "overruns.jsonl", "server.log"} <= set(LIVE_RUN_FILES)
+    out = tmp_path / "run"
+    for folder in (out, out / "instance-0", out / "instance-1"):
+        folder.mkdir(parents=True)
+        for name in (*SERVER_FILES, "keep.txt"):
+            (folder / name).write_text("an earlier live run's")
+    assert sim_main(_sim(out)) == 0
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == ["instance-0/keep.txt", "instance-1/keep.txt", "keep.txt", "requests.csv", "summary.json"]
 
 
 @settings(max_examples=3000, deadline=None)

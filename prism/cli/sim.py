@@ -7,8 +7,8 @@ import sys
 
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
-from prism.metrics import RUN_FILES, RecordStream, write_json, write_requests_csv
-from prism.output import InterruptsHeld, prepare_run_dir
+from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
+from prism.output import InterruptsHeld
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_main(args_list[1:])
     args = parser().parse_args(args_list)
     spec = spec_from_args(args)
-    out = prepare_run_dir(out_dir(args, spec), RUN_FILES)
+    out = prepare_run_folder(out_dir(args, spec))
     cluster = spec.cluster.instances > 1
     stream = RecordStream(out / "requests.csv", cluster=cluster)  # an interrupted run keeps the requests it finished
     interrupted: SimInterrupted | None = None

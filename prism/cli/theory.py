@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers,
                   force=args.force)
     with sweep.lock():  # checks --out before any simulation
-        for name in OUTPUTS:
-            check_out_file(out / name, "--out")
+        for name in OUTPUTS:  # the comparison of the runs the folder held: gone until these runs' is written
+            check_out_file(out / name, "--out").unlink(missing_ok=True)
         sweep.run()
         summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]
         rows = compare(summaries, spec)
