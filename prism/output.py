@@ -56,18 +56,19 @@ def _probe(folder: Path, where: str) -> None:
     os.unlink(tmp)
 
 
-def _check_dir(folder: Path, where: str) -> None:
-    """``folder`` exists as a writable folder, or its nearest existing ancestor is one; creates nothing."""
+def _check_dir(folder: Path, where: str, given: Path | None = None) -> None:
+    """``folder`` exists as a writable folder, or its nearest existing ancestor is one; creates nothing.
+    ``given``: the path the flag names (``folder`` itself, or a file in it): any other path is named."""
     anc = _existing_ancestor(folder)
     if not anc.is_dir():
         what = "a file" if anc.exists() else "not a folder"
-        raise UserError(f"is {what}, expected a folder" if anc == folder else f"{anc} is {what}, not a folder",
-                        where)
+        raise UserError(f"is {what}, expected a folder" if anc == (given or folder)
+                        else f"{anc} is {what}, not a folder", where)
     _probe(anc, where)
 
 
-def _make_dir(folder: Path, where: str) -> None:
-    _check_dir(folder, where)
+def _make_dir(folder: Path, where: str, given: Path | None = None) -> None:
+    _check_dir(folder, where, given)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -97,7 +98,7 @@ def check_out_file(path: str | Path, flag: str = "-o") -> Path:
         raise UserError("is a folder, expected a file", where)
     if os.path.lexists(p) and not p.is_file():
         raise UserError("is not a regular file", where)
-    _make_dir(p.parent, where)
+    _make_dir(p.parent, where, p)
     return p
 
 

@@ -72,6 +72,8 @@ def test_bad_output_location(tmp_path, capsys, writer, place):
     assert code == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert where.rstrip("/") in err, err
+    if place == "under-a-file":  # the message names the file in the way, not the path asked for
+        assert f"{tmp_path / 'file.txt'} is a file, not a folder" in err, err
     assert _listing(tmp_path) == before  # nothing written
     assert not os.path.lexists(where) or place in ("a-file", "a-folder")
 
