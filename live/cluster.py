@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prism.errors import UserError
-from prism.metrics import (SERVER_FILES, RecordStream, RequestRecord, instance_summary, prepare_run_folder, run_summary,
-                           write_json, write_requests_csv)
+from prism.metrics import SERVER_FILES, RecordStream, RequestRecord, instance_summary, prepare_run_folder, run_summary
 from prism.output import prepare_run_dir, write_atomic_text
 from prism.policies.registry import make_router
 from prism.settings import RunSpec
@@ -130,7 +129,8 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
                 counters[i] = json.loads(saved.read_text())
         for server in servers:
             server.stop()
-        if records:
+
+        def make_summary() -> dict[str, Any]:
             total: dict[str, float] = {}
             for c in counters:
                 for k, v in (c or {}).items():
@@ -140,14 +140,15 @@ def live_cluster_run(spec: RunSpec, opts, out: Path, progress: Callable[[int], N
                 total["plugin_overhead"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_cpu_ms"], 5)
             for k, v in router.stats().items():
                 total[k] = total.get(k, 0) + v
-            summary = run_summary(spec, records, engine_kind=single.ENGINE_KIND, kv_capacity_tokens=sum(capacities),
-                                  counters=total, wall_s=time.perf_counter() - wall0, complete=complete,
-                                  cluster=instance_summary(spec, records,
-                                                           [(s.profile.name, c) for s, c in zip(specs, capacities)]))
-            summary.update({"model": served.name, "paced": opts.pace, "dilation": dilation,
-                            "breakdown_from_server": True, "server_admission_env": admission_env(spec.engine)})
-            write_requests_csv(records, out / "requests.csv", cluster=True)
-            write_json(summary, out / "summary.json")
+            run = run_summary(spec, records, engine_kind=single.ENGINE_KIND, kv_capacity_tokens=sum(capacities),
+                              counters=total, wall_s=time.perf_counter() - wall0, complete=complete,
+                              cluster=instance_summary(spec, records,
+                                                       [(s.profile.name, c) for s, c in zip(specs, capacities)]))
+            run.update({"model": served.name, "paced": opts.pace, "dilation": dilation,
+                        "breakdown_from_server": True, "server_admission_env": admission_env(spec.engine)})
+            return run
+
+        summary = single.write_results(out, records, make_summary, cluster=True)
     return summary
 
 

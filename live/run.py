@@ -215,19 +215,34 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             counters = json.loads((out / "counters.json").read_text())
         if server is not None:
             server.stop()
-        with InterruptsHeld(reraise=False):  # a second Ctrl-C cannot cut the results' files short
-            if records:  # a server that never served leaves its log and the one-line error, no empty summary
-                summary = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
-                                      counters={k: v for k, v in (counters or {}).items()
-                                                if isinstance(v, (int, float))},
-                                      wall_s=time.perf_counter() - wall0, complete=complete)
-                summary.update({"model": served.name, "paced": opts.pace,
-                                "dilation": dilation, "breakdown_from_server": server is not None,
-                                # SGLang's admission knobs as the server got them; null: a --url server's own
-                                "server_admission_env": admission_env(spec.engine) if server is not None else None})
-                write_requests_csv(records, out / "requests.csv")
-                write_json(summary, out / "summary.json")
+
+        def make_summary() -> dict[str, Any]:
+            s = run_summary(spec, records, engine_kind=ENGINE_KIND, kv_capacity_tokens=kv_capacity(spec),
+                            counters={k: v for k, v in (counters or {}).items() if isinstance(v, (int, float))},
+                            wall_s=time.perf_counter() - wall0, complete=complete)
+            s.update({"model": served.name, "paced": opts.pace, "dilation": dilation,
+                      "breakdown_from_server": server is not None,
+                      # SGLang's admission knobs as the server got them; null: a --url server's own
+                      "server_admission_env": admission_env(spec.engine) if server is not None else None})
+            return s
+
+        summary = write_results(out, records, make_summary)
     return summary
 
 
-__all__ = ["LiveOptions", "live_run", "ReplayError", "kv_capacity"]
+def write_results(out: Path, records: list[RequestRecord], make_summary: Callable[[], dict[str, Any]],
+                  cluster: bool = False) -> dict[str, Any]:
+    """A run's files once it is over or broken off: requests.csv in request order, then summary.json, both
+    whole whatever a second Ctrl-C does meanwhile; the summary, or {} for a server that never served, which
+    leaves its log and the one-line error but no requests.csv (a header alone would read as a killed run)."""
+    with InterruptsHeld(reraise=False):
+        if not records:
+            (out / "requests.csv").unlink(missing_ok=True)
+            return {}
+        summary = make_summary()
+        write_requests_csv(records, out / "requests.csv", cluster=cluster)
+        write_json(summary, out / "summary.json")
+        return summary
+
+
+__all__ = ["LiveOptions", "live_run", "write_results", "ReplayError", "kv_capacity"]

@@ -304,3 +304,16 @@ def test_sweep_refuses_bad_settings_before_touching_its_folder(tmp_path, capsys,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_a_live_run_that_never_served_leaves_no_requests_csv(tmp_path, capsys):
+    """A server that never answers leaves the one-line error and no results: a requests.csv of its header alone
+    would read as a killed run."""
+    from prism.cli.live import main as live_main
+
+    out = tmp_path / "lv"
+    code = live_main(["--trace", "zipf", *SMALL, "--url", "http://127.0.0.1:9", "--startup-timeout", "1",
+                      "--no-progress", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "did not become healthy" in err and len(err.splitlines()) == 1, err
+    assert out.is_dir() and not list(out.iterdir())
