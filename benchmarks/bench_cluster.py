@@ -4,8 +4,8 @@
                                        [--method sglang] [--requests N] [--repeat 1] [--json FILE]
 
 Every router runs on N instances (the method's policies on each) of the trace at its own timestamps, with the
-GPU-sized KV pool (``engine.max_total_tokens: null``: Mooncake prompts average 12k tokens, up to 126k, more
-than the default 32k pool). Speed: simulated requests per wall second, and the cluster's wall time per request
+GPU-sized KV pool (``engine.max_total_tokens: null``, the default, set here so that a settings change cannot
+shrink it: Mooncake prompts average 12k tokens, up to 126k). Speed: simulated requests per wall second, and the cluster's wall time per request
 against the single-engine reference: one engine serving every N-th request of the trace at its own time (the
 very workload one instance of a round-robin cluster sees; target: ratio <= 1.3; ``--instances 1`` runs each
 router on a cluster of one against the single engine: the same work, so the ratio is the cluster machinery's
