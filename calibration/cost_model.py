@@ -39,6 +39,11 @@ Profiles written before ``d_p`` existed load (their prefill gains the roofline's
 per sequence); profiles with the additive decode form of earlier versions (``a_d + b_d·B + c_d·Σctx``: they name
 ``a_d``, ``b_d`` and ``c_d`` but not ``w_d``) are refused with a message asking for a refit, because their
 ``a_d`` included the weight read that ``w_d`` now carries.
+
+Any coefficient may be 0 (a fit may find no fixed cost, or no LM head term), but not all of a phase's: every
+prefill iteration has at least one new token and every decode step one request with one token of context, so a
+phase takes a positive time exactly when one of its coefficients is positive. A profile whose phase would take
+no time is refused at load: rates (tokens/s, the queueing model's service rate) divide by these times.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from prism.config import build, fraction, nonneg
+from prism.config import build, nonneg, path_kind, share, unknown_keys
 from prism.errors import UserError
 
 from prism.calibration import profiles
@@ -57,10 +62,10 @@ from prism.calibration import profiles
 class Efficiency:
     """Fractions of peak that real kernels reach; the defaults are measured on A100-SXM (module docstring)."""
 
-    prefill_mfu: float = fraction(0.66, "prefill: linear layers with norms, RoPE, activations, fraction of peak")
-    attention_mfu: float = fraction(0.35, "prefill attention, fraction of peak FLOP/s")
-    decode_mfu: float = fraction(0.61, "decode at large batches: linear layers, fraction of peak FLOP/s")
-    bandwidth: float = fraction(0.77, "weights and KV reads, fraction of HBM bandwidth")
+    prefill_mfu: float = share(0.66, "prefill: linear layers with norms, RoPE, activations, fraction of peak")
+    attention_mfu: float = share(0.35, "prefill attention, fraction of peak FLOP/s")
+    decode_mfu: float = share(0.61, "decode at large batches: linear layers, fraction of peak FLOP/s")
+    bandwidth: float = share(0.77, "weights and KV reads, fraction of HBM bandwidth")
     prefill_overhead_s: float = nonneg(0.003, "fixed cost of a prefill iteration (launch, scheduling)")
     decode_overhead_s: float = nonneg(0.001, "fixed cost of a decode iteration besides its memory or compute")
     first_token_s: float = nonneg(0.0005, "prefill end to first token at the client (sampling, streaming)")
@@ -145,9 +150,9 @@ DEFAULT_PROFILE = "a800-80g-pcie:qwen3-4b-instruct-2507"
 def profile_from(data: dict[str, Any], spec: str) -> tuple[profiles.GPU, profiles.Model, CostModel]:
     """A profile mapping (``gpu``, ``model``, optional ``efficiency``, ``coefficients``, ``fit``) as read from
     ``spec``, validated: what ``prism-calibrate fit`` writes is checked by this same function."""
-    unknown = set(data) - {"gpu", "model", "efficiency", "coefficients", "fit"}
+    unknown = unknown_keys(data, ("gpu", "model", "efficiency", "coefficients", "fit"))
     if unknown:
-        raise UserError(f"unknown field {sorted(unknown)[0]!r}", spec)
+        raise UserError(f"unknown field {unknown[0]}", spec)
     if "gpu" not in data or "model" not in data:
         raise UserError("a profile needs 'gpu' and 'model'", spec)
     for key in ("gpu", "model"):
@@ -173,6 +178,10 @@ def profile_from(data: dict[str, Any], spec: str) -> tuple[profiles.GPU, profile
                             f"{spec}: coefficients")
         cost = build(CostModel, {**cost.coefficients(), **coefficients, "name": Path(spec).stem},
                      f"{spec}: coefficients")
+        for phase, names in (("prefill", PREFILL), ("decode", DECODE)):
+            if not any(getattr(cost, n) > 0 for n in names):
+                raise UserError(f"{', '.join(names)} are all 0: a {phase} iteration would take no time (at least "
+                                "one must be > 0)", f"{spec}: coefficients")
     return g, m, cost
 
 
@@ -181,9 +190,12 @@ def load_profile(spec: str = DEFAULT_PROFILE, mem_fraction: float = 0.88) -> Pro
     ``efficiency`` / ``coefficients`` (a fitted profile from ``prism-calibrate fit``)."""
     if not 0 < mem_fraction <= 1:
         raise UserError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
-    if Path(spec).is_dir():
+    if not spec:
+        raise UserError(f"empty profile: expected GPU:MODEL (e.g. {DEFAULT_PROFILE}) or a profile YAML file")
+    kind = path_kind(spec)
+    if kind == "dir":
         raise UserError("is a directory, expected GPU:MODEL or a profile YAML file", spec)
-    if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+    if spec.endswith((".yaml", ".yml")) or kind == "file":
         g, m, cost = profile_from(profiles.load_profile_file(spec), spec)
     else:
         if ":" not in spec:

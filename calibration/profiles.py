@@ -9,7 +9,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from prism.config import build, fraction, load_yaml, positive
+from prism.config import build, load_yaml, parse_yaml, positive, share
 from prism.errors import UserError
 
 GIB = 1 << 30
@@ -21,8 +21,8 @@ class GPU:
     peak_flops: float = positive(1.0, "dense bf16 FLOP/s (data sheet)")
     hbm_bandwidth: float = positive(1.0, "HBM bytes/s")
     memory_gib: float = positive(1.0, "device memory, GiB")
-    sustained_compute: float = fraction(1.0, "share of the SXM part's sustained FLOP/s under the board's power "
-                                        "limit (PCIe cards: about 0.9)")
+    sustained_compute: float = share(1.0, "share of the SXM part's sustained FLOP/s under the board's power "
+                                     "limit (PCIe cards: about 0.9)")
     key: str = ""
 
     @property
@@ -79,9 +79,7 @@ class Model:
 
 def _table(name: str) -> dict[str, Any]:
     text = resources.files("prism.calibration").joinpath("profiles", name).read_text()
-    import yaml
-
-    return yaml.safe_load(text)
+    return parse_yaml(text, name)
 
 
 # The built-in tables are package data, read once per process (a sweep's worker resolves a profile per run).

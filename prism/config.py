@@ -3,6 +3,10 @@
 Every configurable thing (a trace spec, the engine limits, a policy's knobs) is a dataclass whose fields
 carry their constraints in metadata. :func:`build` turns a mapping into such a dataclass and rejects unknown
 keys, wrong types and out-of-range values with a :class:`~prism.errors.UserError` that names the field.
+
+Input files are read here too, each kind in one place (:func:`open_input`, :func:`parse_yaml`,
+:func:`read_jsonl`), so that every way a file can be bad (missing, unreadable, not text, not YAML or JSON,
+nested without end, a number past any range) ends as one line naming the file and line, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Mapping, TypeVar
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, TypeVar
 
 import yaml
 
@@ -22,12 +28,29 @@ from prism.errors import UserError
 T = TypeVar("T")
 
 
-def positive(default: Any, doc: str = "") -> Any:
-    return dataclasses.field(default=default, metadata={"gt": 0, "doc": doc})
+def _bounded(default: Any, doc: str, **bounds: float | None) -> Any:
+    return dataclasses.field(default=default, metadata={**{k: v for k, v in bounds.items() if v is not None},
+                                                        "doc": doc})
 
 
-def nonneg(default: Any, doc: str = "") -> Any:
-    return dataclasses.field(default=default, metadata={"ge": 0, "doc": doc})
+def positive(default: Any, doc: str = "", le: float | None = None) -> Any:
+    """A number > 0 (and <= ``le``, when given)."""
+    return _bounded(default, doc, gt=0, le=le)
+
+
+def nonneg(default: Any, doc: str = "", le: float | None = None) -> Any:
+    """A number >= 0 (and <= ``le``, when given)."""
+    return _bounded(default, doc, ge=0, le=le)
+
+
+def within(default: Any, low: float, high: float, doc: str = "") -> Any:
+    """A number in [low, high]."""
+    return _bounded(default, doc, ge=low, le=high)
+
+
+def share(default: Any, doc: str = "") -> Any:
+    """A fraction in (0, 1]: a share that something is divided by, so never 0."""
+    return _bounded(default, doc, gt=0, le=1)
 
 
 def fraction(default: Any, doc: str = "") -> Any:
@@ -38,9 +61,13 @@ def choice(default: str, options: tuple[str, ...], doc: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"choices": options, "doc": doc})
 
 
-#: the documented bounds of a trace: requests per trace, and the arrival rate (requests/s)
+#: the documented bounds of a trace: requests per trace, the arrival rate (requests/s), tokens in one
+#: segment, prompt or output (4,194,304: more is no serving workload), and a Zipf exponent of popularity (at 10,
+#: rank 1 already takes 99.9% of the draws against rank 2: a larger one only drives weights towards underflow)
 MAX_REQUESTS = 1_000_000
 MIN_QPS, MAX_QPS = 1e-3, 1e6
+MAX_TOKENS = 1 << 22
+MAX_ZIPF_S = 10.0
 
 
 def rate(default: Any, doc: str = "") -> Any:
@@ -53,18 +80,59 @@ def count(default: Any, doc: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"gt": 0, "le": MAX_REQUESTS, "doc": doc})
 
 
+def tokens(default: Any, doc: str = "") -> Any:
+    """A number of tokens (of a segment, a prompt or an output), 1..MAX_TOKENS."""
+    return positive(default, doc, le=MAX_TOKENS)
+
+
+#: levels of lists and mappings one YAML document or JSON line may nest: far more than any input needs, far
+#: fewer than Python's recursion limit, which every reader and writer of nested data runs into
+MAX_NESTING = 100
+TOO_DEEP = f"nested more than {MAX_NESTING} levels deep"
+
+
+def _os_reason(e: OSError | ValueError) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
+def path_kind(path: str | Path) -> str | None:
+    """``"dir"``, ``"file"`` (anything else that is there) or None (nothing there). Other failures (a name too
+    long, a folder on the way that may not be searched, a NUL character) are one line naming the path."""
+    if str(path) == "":
+        raise UserError("empty path")
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
+    return "dir" if stat.S_ISDIR(st.st_mode) else "file"
+
+
+def open_input(path: str | Path, what: str = "file") -> BinaryIO:
+    """Open an input file for reading (binary): the one place an input is opened, so that every reason it
+    cannot be (none there, a folder, a name too long, no permission, an empty path) is one line naming it."""
+    if str(path) == "":
+        raise UserError(f"empty path, expected a {what}")
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    except FileNotFoundError:
+        raise UserError("no such file", str(path)) from None
+    except IsADirectoryError:
+        raise UserError(f"is a directory, expected a {what}", str(path)) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
+
+
 def read_text(path: str | Path, what: str = "file") -> str:
     """A text file's contents as UTF-8; a missing file, a folder, unreadable bytes or a NUL byte become one
     line naming the file (and the line of the bad byte)."""
+    with open_input(path, what) as f:
+        try:
+            data = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
     p = Path(path)
-    if p.is_dir():
-        raise UserError(f"is a directory, expected a {what}", str(p))
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise UserError("no such file", str(p)) from None
-    except OSError as e:
-        raise UserError(f"cannot read: {e.strerror}", str(p)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -88,21 +156,60 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _int64(text: str) -> int:
+    """An integer that fits 64 bits: ids, token ids, counts and timestamps are all stored as int64 or float,
+    which a larger one overflows."""
+    value = int(text)
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"integer {text[:12]}... ({len(text)} digits) is out of range for 64 bits")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Levels of lists and mappings in ``value`` (walked without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_int64)
+
+
+def _json(text: str) -> Any:
+    """The one JSON parser of inputs: NaN, Infinity, numbers past a float's range, integers past 64 bits and
+    nesting deeper than MAX_NESTING raise ValueError (a :class:`json.JSONDecodeError` for bad syntax)."""
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
+    if text.count("[") + text.count("{") > MAX_NESTING and _depth(value) > MAX_NESTING:  # cheap bound first
+        raise ValueError(TOO_DEEP)
+    return value
+
+
+def _json_error(e: ValueError) -> str:
+    return f"invalid JSON ({e.msg if isinstance(e, json.JSONDecodeError) else e})"
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Parse a JSON document (a file's text); errors are one line naming ``where`` (and the line)."""
+    try:
+        return _json(text)
+    except ValueError as e:
+        raise UserError(_json_error(e), f"{where}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else where
+                        ) from None
+
+
 def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str, Any]]:
     """``(where, value)`` for each non-blank line of a JSON-lines file (``where`` is ``FILE:LINE``); a line
-    that is not UTF-8 or not JSON, and NaN, Infinity or out-of-range numbers, end with one line naming it."""
-    p = Path(path)
-    if p.is_dir():
-        raise UserError(f"is a directory, expected a {what}", str(p))
-    try:
-        f = p.open("rb")
-    except FileNotFoundError:
-        raise UserError("no such file", str(p)) from None
-    except OSError as e:
-        raise UserError(f"cannot read: {e.strerror}", str(p)) from None
-    with f:
+    that is not UTF-8 or not JSON (by the rules of :func:`parse_json`) ends with one line naming it."""
+    with open_input(path, what) as f:
         for lineno, raw in enumerate(f, start=1):
-            where = f"{p}:{lineno}"
+            where = f"{path}:{lineno}"
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -110,16 +217,50 @@ def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str
             if not text.strip():
                 continue
             try:
-                value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
-            except json.JSONDecodeError as e:
-                raise UserError(f"invalid JSON ({e.msg})", where) from None
+                value = _json(text)
             except ValueError as e:
-                raise UserError(f"invalid JSON ({e})", where) from None
+                raise UserError(_json_error(e), where) from None
             yield where, value
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (not the last one wins)."""
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, made strict: a key given twice in one mapping is an error (not the last one wins),
+    lists and mappings nest at most MAX_NESTING levels and never inside themselves (``&a [*a]``), and a value
+    its tag cannot make (``!!int abc``, ``2024-13-45``) is an error at its line, not a ValueError."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._open: list[str | None] = []  # anchors of the lists and mappings being composed, outermost first
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self._open:
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} is inside the node it names "
+                                              "(a structure without end)", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def _nested(self, compose: Any, anchor: str | None) -> Any:
+        if len(self._open) >= MAX_NESTING:
+            raise yaml.composer.ComposerError(None, None, TOO_DEEP, self.peek_event().start_mark)
+        self._open.append(anchor)
+        try:
+            return compose(anchor)
+        finally:
+            self._open.pop()
+
+    def compose_sequence_node(self, anchor: str | None) -> Any:
+        return self._nested(super().compose_sequence_node, anchor)
+
+    def compose_mapping_node(self, anchor: str | None) -> Any:
+        return self._nested(super().compose_mapping_node, anchor)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as e:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            what = f"{node.value!r} is not a valid {tag}" if isinstance(node, yaml.ScalarNode) else tag
+            raise yaml.constructor.ConstructorError(None, None, f"{what} ({e})", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
@@ -137,16 +278,26 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def parse_yaml(text: str, where: str) -> Any:
-    """Parse YAML text (duplicate keys rejected); errors become one line naming ``where`` and the line."""
+def _yaml(text: str) -> Any:
+    """The one YAML parser of inputs (:class:`_Loader`): every failure is a :class:`yaml.YAMLError`."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        line = f"{where}:{mark.line + 1}" if mark is not None else where
-        raise UserError(f"invalid YAML: {' '.join(str(e.problem).split())}", line) from None
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:  # none known left: the rule holds regardless
+        raise yaml.YAMLError(str(e) or type(e).__name__) from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    return " ".join(str(e.problem if isinstance(e, yaml.MarkedYAMLError) else e).split())
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML text (by the rules of :class:`_Loader`); errors become one line naming ``where`` and the line."""
+    try:
+        return _yaml(text)
     except yaml.YAMLError as e:
-        raise UserError(f"invalid YAML: {' '.join(str(e).split())}", where) from None
+        mark = e.problem_mark if isinstance(e, yaml.MarkedYAMLError) else None
+        line = f"{where}:{mark.line + 1}" if mark is not None else where
+        raise UserError(f"invalid YAML: {_yaml_problem(e)}", line) from None
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -205,6 +356,13 @@ def _type_name(hint: Any) -> str:
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
+def unknown_keys(data: Iterable[Any], known: Iterable[str]) -> list[str]:
+    """The keys of ``data`` that are not ``known``, as ``repr()`` in sorted order: a YAML key need not be a
+    string (``1: a``), and keys of mixed types do not sort."""
+    known = set(known)
+    return sorted(repr(k) for k in data if not (isinstance(k, str) and k in known))
+
+
 def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
     """Build dataclass ``cls`` from ``data``, validating every field; errors name ``where`` and the field."""
     if data is None:
@@ -213,9 +371,9 @@ def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         raise UserError(f"expected a mapping of settings, got {type(data).__name__}", where)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
-    unknown = [k for k in data if k not in fields]
+    unknown = unknown_keys(data, fields)
     if unknown:
-        raise UserError(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})", where)
+        raise UserError(f"unknown field {unknown[0]} (known: {', '.join(sorted(fields))})", where)
     kwargs = {}
     for name, value in data.items():
         f = fields[name]
@@ -242,20 +400,26 @@ def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
     return obj
 
 
+def _set_item(text: str) -> str:
+    """``--set 'ITEM'`` for a message, a long item cut short."""
+    return f"--set {text if len(text) <= 60 else text[:57] + '...'!r}"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``section.key=value`` (value parsed as YAML) → (["section", "key"], value)."""
+    """``section.key=value`` (value parsed as YAML; text that is not YAML is the string itself) → (["section",
+    "key"], value)."""
     if "=" not in text:
-        raise UserError(f"--set {text!r}: expected KEY=VALUE, e.g. engine.max_total_tokens=65536")
+        raise UserError(f"{_set_item(text)}: expected KEY=VALUE, e.g. engine.max_total_tokens=65536")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise UserError(f"--set {text!r}: empty key")
+        raise UserError(f"{_set_item(text)}: empty key")
     try:
-        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
-    except yaml.constructor.ConstructorError as e:
-        raise UserError(f"--set {text!r}: {' '.join(str(e.problem).split())}") from None
-    except yaml.YAMLError:
-        value = raw
+        value = _yaml(raw) if raw.strip() else None
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError):
+        value = raw  # not YAML (``a: b: c``): the text as given
+    except yaml.YAMLError as e:
+        raise UserError(f"{_set_item(text)}: {_yaml_problem(e)}") from None
     return path, value
 
 
@@ -267,7 +431,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         for part in path[:-1]:
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                raise UserError(f"--set {text!r}: {part!r} is not a section")
+                raise UserError(f"{_set_item(text)}: {part!r} is not a section")
             node = nxt
         node[path[-1]] = value
     return data

@@ -19,6 +19,10 @@ From flags to a run::
     data = merge_flags(read_config(path), overrides, method=..., qps=..., ...)
     settings = settings_from(data, where)        # validated; no trace loaded (cheap: check before a sweep)
     spec = settings.resolve(trace_source)        # profile and trace loaded, rate and seed settled: a RunSpec
+
+A cluster has at most MAX_INSTANCES engines (4,096: beyond the replicas any one router fronts; the router looks
+at every instance per decision, so 4,096 instances route 200 requests in about 9 s), and a router decision takes
+at most MAX_ROUTER_DELAY_S (1/MIN_QPS: a slower router serves fewer requests per second than any trace's rate).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
-from prism.config import apply_overrides, build, choice, fraction, load_yaml, nonneg, positive
+from prism.config import MIN_QPS, apply_overrides, build, choice, fraction, load_yaml, nonneg, positive, unknown_keys
 from prism.errors import UserError
 from prism.policies.registry import (ROUTERS, Deployment, check_router, deployment_of, knob_sections,
                                      policy_configs, resolve_method, router_config, router_sections)
@@ -61,13 +65,19 @@ class EngineConfig:
                                               "reserved decode")
 
 
+MAX_INSTANCES = 4096
+MAX_ROUTER_DELAY_S = 1 / MIN_QPS
+
+
 @dataclass
 class ClusterConfig:
     """Several engine instances behind a router (``sim/cluster.py``); one instance is the single engine."""
 
-    instances: int = positive(1, "engine instances (each its own scheduler, cache and cost profile)")
+    instances: int = positive(1, "engine instances (each its own scheduler, cache and cost profile)",
+                              le=MAX_INSTANCES)
     router: str = choice("cache_aware", tuple(ROUTERS), "routing policy (sglang-router's default: cache_aware)")
-    router_delay_s: float = nonneg(0.0, "seconds the router takes per decision (decisions are serial)")
+    router_delay_s: float = nonneg(0.0, "seconds the router takes per decision (decisions are serial)",
+                                   le=MAX_ROUTER_DELAY_S)
     view_interval_s: float = nonneg(0.0, "the router's load view is refreshed this often (0: exact)")
     profiles: list[str] = field(default_factory=list, metadata={
         "doc": "one profile (GPU:MODEL or YAML) per instance, for a heterogeneous cluster ([]: --profile for all)"})
@@ -122,13 +132,20 @@ def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, A
               cluster: ClusterConfig | None = None, router_configs: Mapping[str, Any] | None = None) -> RunSpec:
     """The one place a run's deployment, rate and seed are settled."""
     cluster = cluster if cluster is not None else ClusterConfig()
-    instance_profiles = tuple(load_profile(p) for p in cluster.profiles)
+    instance_profiles = tuple(_instance_profile(p) for p in cluster.profiles)
     for p in instance_profiles or (profile,):
         kv_capacity(engine, p, trace, trace_source)
     offered = qps if qps is not None else trace.spec.get("qps")
     return RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
                    trace_source, offered if offered is not None else measured_qps(trace), offered is None,
                    trace.spec.get("seed"), cluster, dict(router_configs or {}), instance_profiles)
+
+
+def _instance_profile(spec: str) -> Profile:
+    try:
+        return load_profile(spec)
+    except UserError as e:
+        raise UserError(str(e), "cluster.profiles") from None
 
 
 def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_source: str = "") -> int:
@@ -204,9 +221,12 @@ class Settings:
         return build(EngineConfig, {**needs, **self.engine_settings}, "engine")
 
 
-def read_config(path: str | None) -> dict[str, Any]:
-    if not path:
+def read_config(path: str | None, flag: str = "--config") -> dict[str, Any]:
+    """The settings mapping of a YAML file (``flag``'s value); None: no file, no settings."""
+    if path is None:
         return {}
+    if not path:
+        raise UserError("empty path (give a YAML file, or leave the flag out)", flag)
     data = load_yaml(path)
     if data is None:
         return {}
@@ -219,12 +239,12 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     """Validate the whole mapping once; every error names its section and field. A section of knobs that no
     policy of the run reads is an error (see :func:`check_knobs_used`)."""
     allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster"} | knob_sections() | router_sections()
-    unknown = sorted(set(data) - allowed)
+    unknown = unknown_keys(data, allowed)
     if unknown:
-        raise UserError(f"unknown section {unknown[0]!r} (known: {', '.join(sorted(allowed))})", where)
+        raise UserError(f"unknown section {unknown[0]} (known: {', '.join(sorted(allowed))})", where)
     for key in ("method", "scheduler", "eviction", "profile"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise UserError(f"field {key!r}: must be a string", where)
+        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key]):
+            raise UserError(f"field {key!r}: must be a non-empty string", where)
     label, sched, evict = resolve_method(data.get("method"), data.get("scheduler"), data.get("eviction"))
     engine = build(EngineConfig, data.get("engine"), f"{where}: engine")
     trace = data.get("trace") or {}
@@ -280,7 +300,10 @@ def for_method(data: dict[str, Any], method: str) -> dict[str, Any]:
 
 def merge_flags(data: dict[str, Any], overrides: list[str], **flags: Any) -> dict[str, Any]:
     """Apply ``--set`` overrides, then explicit flags (``qps``/``seed`` go to the trace section, ``instances``
-    and ``router`` to the cluster section)."""
+    and ``router`` to the cluster section). A flag given an empty value is an error, never its default."""
+    for key, value in flags.items():
+        if value == "":
+            raise UserError("empty value", f"--{key.replace('_', '-')}")
     data = apply_overrides(data, overrides)
     for key in ("instances", "router"):
         if flags.get(key) is not None:

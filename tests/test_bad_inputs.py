@@ -468,6 +468,151 @@ CASES = [
      "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"),
 ]
 
+LONG = "{d}/" + "a" * 300  # a file name past the 255 bytes a file system allows
+DEEP_YAML = "[" * 20000
+DEEP_JSON = "[" * 100000
+HUGE_INT = "1" + "0" * 400
+ZERO_PREFILL = GOOD_PROFILE + "coefficients: {a_p: 0, b_p: 0, d_p: 0, c_p: 0}\n"
+ZERO_DECODE = GOOD_PROFILE + "coefficients: {a_d: 0, w_d: 0, c_d: 0, b_d: 0}\n"
+JSONL_DEEP = {"t.jsonl": jl(HEAD) + DEEP_JSON + "\n"}
+
+
+def header_spec(**spec) -> dict:
+    return {"t.jsonl": jl({**HEAD, "spec": spec}, SYS_SEG, Q_SEG, req(0), req(1))}
+
+
+CASES += [
+    # --- a value its YAML tag cannot make (ValueError inside PyYAML), in every YAML input ---
+    ("set-yaml-tag-int", "sim", {}, ["--trace", "zipf", "--set", "engine.max_total_tokens=!!int abc"],
+     "--set 'engine.max_total_tokens=!!int abc': 'abc' is not a valid !!int"),
+    ("config-yaml-tag-int", "sim", {"c.yaml": "engine:\n  max_total_tokens: !!int abc\n"},
+     ["--trace", "zipf", "--config", "{d}/c.yaml"], "c.yaml:2: invalid YAML: 'abc' is not a valid !!int"),
+    ("spec-yaml-tag-float", "sim", {"s.yaml": "kind: zipf_hotspot\nseed: !!float abc\n"},
+     ["--trace", "{d}/s.yaml"], "s.yaml:2: invalid YAML: 'abc' is not a valid !!float"),
+    ("spec-yaml-bad-timestamp", "sim", {"s.yaml": "kind: zipf_hotspot\nwhen: 2024-13-45\n"},
+     ["--trace", "{d}/s.yaml"], "s.yaml:2: invalid YAML: '2024-13-45' is not a valid !!timestamp"),
+    ("stats-spec-yaml-tag-float", "trace", {"s.yaml": "kind: zipf_hotspot\nseed: !!float abc\n"},
+     ["stats", "{d}/s.yaml"], "s.yaml:2"),
+    ("show-profile-yaml-tag-int", "calibrate", {"p.yaml": GOOD_PROFILE + "coefficients:\n  a_p: !!int x\n"},
+     ["show", "--profile", "{d}/p.yaml"], "p.yaml:4: invalid YAML: 'x' is not a valid !!int"),
+    # --- nesting without end: RecursionError in the parsers ---
+    ("config-nested-20000", "sim", {"c.yaml": DEEP_YAML}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml:1: invalid YAML: nested more than 100 levels deep"),
+    ("spec-nested-20000", "sim", {"s.yaml": "kind: zipf_hotspot\nhot_count: " + DEEP_YAML},
+     ["--trace", "{d}/s.yaml"], "s.yaml:2: invalid YAML: nested more than 100 levels deep"),
+    ("show-profile-nested-20000", "calibrate", {"p.yaml": DEEP_YAML}, ["show", "--profile", "{d}/p.yaml"],
+     "p.yaml:1: invalid YAML: nested"),
+    ("set-nested-5000", "sim", {}, ["--trace", "zipf", "--set", "trace.hot_count=" + "[" * 5000],
+     "--set 'trace.hot_count=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[...': nested more than 100 levels deep"),
+    ("yaml-recursive-alias", "sim", {"c.yaml": "a: &a [*a]\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml:1: invalid YAML: alias *a is inside the node it names"),
+    ("jsonl-nested-100000", "sim", JSONL_DEEP, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:2: invalid JSON (nested more than 100 levels deep)"),
+    ("jsonl-header-nested", "sim", {"t.jsonl": '{"a":' * 100000 + "\n"}, ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:1: invalid JSON (nested"),
+    ("stats-jsonl-nested", "trace", JSONL_DEEP, ["stats", "{d}/t.jsonl"], "t.jsonl:2: invalid JSON (nested"),
+    ("sample-jsonl-nested", "trace", JSONL_DEEP, ["sample", "{d}/t.jsonl"], "t.jsonl:2: invalid JSON (nested"),
+    ("sweep-jsonl-nested", "sim", JSONL_DEEP, ["sweep", "--trace", "{d}/t.jsonl", "--methods", "fcfs"],
+     "t.jsonl:2: invalid JSON (nested"),
+    ("live-jsonl-nested", "live", JSONL_DEEP, ["--trace", "{d}/t.jsonl"], "t.jsonl:2: invalid JSON (nested"),
+    # --- keys that are not strings (sorting them for the message crashed) ---
+    ("config-int-key", "sim", {"c.yaml": "1: a\nfoo: b\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml: unknown section 'foo'"),
+    ("show-profile-int-key", "calibrate", {"p.yaml": GOOD_PROFILE + "1: x\nfoo: y\n"},
+     ["show", "--profile", "{d}/p.yaml"], "p.yaml: unknown field 'foo'"),
+    ("jsonl-trace-int-key-override", "sim", {"t.jsonl": GOOD_TRACE, "c.yaml": "trace: {1: 2, x: 3}\n"},
+     ["--trace", "{d}/t.jsonl", "--config", "{d}/c.yaml"], "cannot override 'x' of a materialized trace"),
+    # --- integers past any range (OverflowError on float()) ---
+    ("jsonl-t-huge-int", "sim", {"t.jsonl": trace_with('{"id": 0, "t": %s, "segs": [["s", 4]], "out": 2}' % HUGE_INT)},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: invalid JSON (integer 100000000000... (401 digits) is out of range"),
+    ("mooncake-timestamp-huge-int", "sim", {"m.jsonl": jl(mc(0)) + json.dumps(mc(1)).replace("1", HUGE_INT, 1) + "\n"},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:2: invalid JSON (integer"),
+    ("stats-mooncake-timestamp-huge-int", "trace", {"m.jsonl": '{"timestamp": %s}\n' % HUGE_INT},
+     ["stats", "{d}/m.jsonl"], "m.jsonl:1: invalid JSON (integer"),
+    # --- a materialized trace's header: the spec fields a run reads, by the spec's own rules ---
+    ("jsonl-header-qps-string", "sim", header_spec(qps="abc"), ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:1: spec: field 'qps': must be a number"),
+    ("jsonl-header-qps-list", "sim", header_spec(qps=[1]), ["--trace", "{d}/t.jsonl"], "t.jsonl:1: spec: field 'qps'"),
+    ("jsonl-header-qps-negative", "sim", header_spec(qps=-5), ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:1: spec: field 'qps': must be > 0"),
+    ("jsonl-header-qps-zero", "sim", header_spec(qps=0), ["--trace", "{d}/t.jsonl"], "spec: field 'qps'"),
+    ("jsonl-header-qps-1e300", "sim", header_spec(qps=1e300), ["--trace", "{d}/t.jsonl"],
+     "spec: field 'qps': must be <= 1000000"),
+    ("jsonl-header-seed-string", "sim", header_spec(seed="x"), ["--trace", "{d}/t.jsonl"],
+     "t.jsonl:1: spec: field 'seed': must be an integer"),
+    ("jsonl-header-seed-negative", "sim", header_spec(seed=-3), ["--trace", "{d}/t.jsonl"],
+     "spec: field 'seed': must be >= 0"),
+    ("jsonl-header-seed-float", "sim", header_spec(seed=1.5), ["--trace", "{d}/t.jsonl"], "spec: field 'seed'"),
+    ("stats-header-qps-negative", "trace", header_spec(qps=-5), ["stats", "{d}/t.jsonl"], "spec: field 'qps'"),
+    ("stats-header-kind-list", "trace", {"t.jsonl": jl({**HEAD, "kind": ["x"]}, SYS_SEG, Q_SEG, req(0))},
+     ["stats", "{d}/t.jsonl"], "t.jsonl:1: field 'kind'"),
+    ("stats-header-hot-set-number", "trace", {"t.jsonl": jl({**HEAD, "meta": {"hot_set": 5}}, SYS_SEG, Q_SEG, req(0))},
+     ["stats", "{d}/t.jsonl"], "t.jsonl:1: field 'meta'"),
+    # --- knobs without an upper bound ---
+    ("arrival-cv-1e-300", "sim", {}, ["--trace", "zipf", "--set", "trace.arrival=gamma", "--set",
+                                      "trace.arrival_cv=1.0e-300"], "field 'arrival_cv': must be >= 0.001"),
+    ("arrival-cv-1e200", "sim", {}, ["--trace", "zipf", "--set", "trace.arrival=gamma", "--set",
+                                     "trace.arrival_cv=1.0e+200"], "field 'arrival_cv': must be <= 10"),
+    ("prefix-groups-1e20", "sim", {}, ["--trace", "prefix20", "--set", "trace.groups=100000000000000000000"],
+     "field 'groups': must be <= 1000000"),
+    ("num-passages-1e20", "sim", {}, ["--trace", "zipf", "--set", "trace.num_passages=100000000000000000000"],
+     "field 'num_passages': must be <= 1000000"),
+    ("hot-set-100000", "sim", {}, ["--trace", "zipf", "--set", "trace.num_passages=1000000", "--set",
+                                   "trace.hot_set=100000"], "field 'hot_set': must be <= 1000"),
+    ("k-1000", "sim", {}, ["--trace", "zipf", "--set", "trace.num_passages=100000", "--set", "trace.k=1000",
+                           "--set", "trace.hot_count=uniform"], "field 'k': must be <= 100"),
+    ("zipf-s-1000", "sim", {}, ["--trace", "zipf", "--set", "trace.zipf_s=1000"], "field 'zipf_s': must be <= 10"),
+    ("chunk-tokens-1e7", "sim", {}, ["--trace", "zipf", "--set", "trace.chunk_tokens=10000000"],
+     "field 'chunk_tokens': must be <= 4194304"),
+    ("mooncake-time-scale-1e300", "sim", {"s.yaml": "kind: mooncake\npath: {d}/m.jsonl\ntime_scale: 1.0e+300\n",
+                                          "m.jsonl": jl(mc(0), mc(5))},
+     ["--trace", "{d}/s.yaml"], "field 'time_scale': must be <= 1000000"),
+    ("agent-sessions-1e11", "sim", {"s.yaml": AGENT_SPEC + "concurrent_sessions: 100000000000\n"},
+     ["--trace", "{d}/s.yaml"], "field 'concurrent_sessions': must be <= 10000"),
+    ("agent-vocab-3", "sim", {"s.yaml": AGENT_SPEC + "vocab_size: 3\n"}, ["--trace", "{d}/s.yaml"],
+     "field 'vocab_size': must be >= 257"),
+    ("cluster-instances-1e11", "sim", {}, ["--trace", "zipf", "--set", "cluster.instances=100000000000"],
+     "cluster: field 'instances': must be <= 4096"),
+    ("cluster-router-delay-1e300", "sim", {}, ["--trace", "zipf", "--instances", "2", "--set",
+                                               "cluster.router_delay_s=1.0e+300"], "field 'router_delay_s'"),
+    ("profile-efficiency-zero", "sim", {"p.yaml": GOOD_PROFILE + "efficiency: {prefill_mfu: 0}\n"},
+     ["--trace", "zipf", "--profile", "{d}/p.yaml"], "p.yaml: efficiency: field 'prefill_mfu': must be > 0"),
+    # --- a profile whose iterations take no time ---
+    ("show-profile-zero-prefill", "calibrate", {"p.yaml": ZERO_PREFILL}, ["show", "--profile", "{d}/p.yaml"],
+     "p.yaml: coefficients: a_p, b_p, d_p, c_p are all 0: a prefill iteration would take no time"),
+    ("theory-profile-zero-prefill", "theory", {"p.yaml": ZERO_PREFILL}, ["--trace", "zipf", "--profile",
+                                                                        "{d}/p.yaml"], "p.yaml: coefficients:"),
+    ("profile-zero-decode", "sim", {"p.yaml": ZERO_DECODE}, ["--trace", "zipf", "--profile", "{d}/p.yaml"],
+     "p.yaml: coefficients: a_d, w_d, c_d, b_d are all 0: a decode iteration would take no time"),
+    # --- input paths the file system refuses (ENAMETOOLONG) ---
+    ("trace-name-too-long", "sim", {}, ["--trace", LONG + ".yaml"], "cannot read: File name too long"),
+    ("config-name-too-long", "sim", {}, ["--trace", "zipf", "--config", LONG + ".yaml"],
+     "cannot read: File name too long"),
+    ("profile-name-too-long", "sim", {}, ["--trace", "zipf", "--profile", LONG + ".yaml"],
+     "cannot read: File name too long"),
+    ("stats-name-too-long", "trace", {}, ["stats", LONG + ".yaml"], "aaaa.yaml: cannot read: File name too long"),
+    ("stats-jsonl-name-too-long", "trace", {}, ["stats", LONG + ".jsonl"], "cannot read: File name too long"),
+    ("show-profile-name-too-long", "calibrate", {}, ["show", "--profile", LONG + ".yaml"],
+     "cannot read: File name too long"),
+    ("spec-data-path-too-long", "sim", {"s.yaml": "kind: zipf_hotspot\ncorpus: multihop_rag\ncorpus_path: "
+                                                  + LONG + "\n"}, ["--trace", "{d}/s.yaml"],
+     "cannot read: File name too long"),
+    # --- trace.engine: the spec's engine: section is overridden with engine.*, not through the trace ---
+    ("set-trace-engine", "sim", {}, ["--trace", "zipf", "--set", "trace.engine.max_total_tokens=5"],
+     "trace override 'engine': not a trace field; a run's engine settings are engine.*"),
+    ("theory-set-trace-engine", "theory", {}, ["--trace", "zipf", "--set", "trace.engine.max_total_tokens=5"],
+     "trace override 'engine'"),
+    ("stats-set-engine", "trace", {}, ["stats", "zipf", "--set", "engine=5"], "trace override 'engine'"),
+    # --- empty values, and messages that name their field ---
+    ("trace-empty-path", "sim", {}, ["--trace", ""], "error: empty path, expected a trace spec"),
+    ("config-empty-path", "sim", {}, ["--trace", "zipf", "--config", ""], "error: --config: empty path"),
+    ("theory-config-empty-path", "theory", {}, ["--trace", "zipf", "--config", ""], "--config: empty path"),
+    ("profile-empty", "sim", {}, ["--trace", "zipf", "--profile", ""], "error: --profile: empty value"),
+    ("config-profile-empty", "sim", {"c.yaml": "profile: ''\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
+     "c.yaml: field 'profile': must be a non-empty string"),
+    ("cluster-profiles-unknown-gpu", "sim", {}, ["--trace", "zipf", "--set", "cluster.profiles=[x:y]"],
+     "cluster.profiles: unknown GPU 'x'"),
+]
 CASES += zipf_cases(ZIPF_CASES)
 CASES += file_cases(PROFILE_CASES, "sim", "p.yaml", ["--trace", "zipf", "--profile", "{d}/p.yaml"])
 CASES += file_cases(FIT_CASES, "calibrate", "m.csv", ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"])
@@ -587,3 +732,19 @@ def test_sweep_knobs_read_by_some_method_are_accepted(tmp_path):
     check_knobs_used(data, ["sglang", "prism"], "settings")
     assert for_method(data, "sglang") == {"lpm": {"fcfs_threshold": 64}}
     assert for_method(data, "prism") == {"qas": {"q_cold": 4}}
+
+
+def test_a_profile_may_zero_some_coefficients(tmp_path, capsys):
+    """Zero is a legitimate fit for any one coefficient (no LM head term, no fixed cost): only a phase whose
+    coefficients are all 0 is refused."""
+    (tmp_path / "p.yaml").write_text(GOOD_PROFILE + "coefficients: {b_p: 0, d_p: 0, a_d: 0, b_d: 0}\n")
+    code, err = run_cli("calibrate", ["show", "--profile", str(tmp_path / "p.yaml")], capsys)
+    assert code == 0, err
+
+
+def test_yaml_and_json_nesting_up_to_the_bound_is_read(tmp_path):
+    """The nesting bound refuses only what no input needs: 100 levels still parse."""
+    from prism.config import MAX_NESTING, parse_json, parse_yaml
+
+    assert parse_yaml("[" * MAX_NESTING + "]" * MAX_NESTING, "x") is not None
+    assert parse_json("[" * MAX_NESTING + "]" * MAX_NESTING, "x") is not None

@@ -21,6 +21,10 @@ Requests interleave ``concurrent_sessions`` live sessions (a finished session is
 tasks are drawn in shuffled passes over the chosen domains). The order of requests comes from the content
 stream; arrival times from the arrival stream (Poisson by default), so changing the QPS never changes a
 prompt. A session ends early when its next prompt would exceed ``max_prompt_tokens``.
+
+Every live session is built up front (its turns tokenized, about 0.2 ms each), so ``concurrent_sessions`` is
+bounded by MAX_SESSIONS (10,000: a few seconds); the local tokenizer's ids must be int32 token ids, which
+bounds ``vocab_size`` to 257..2^31 (256 ids are reserved).
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from prism.config import choice, positive, rate, read_text
+from prism.config import choice, parse_json, path_kind, positive, rate, read_text, tokens, within
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
 from prism.errors import UserError
 
 from prism.traces.arrivals import GeneratedTraceSpec, default_data_dir, streams
-from prism.traces.tokenizer import get_tokenizer
-from prism.traces.trace import Trace
+from prism.traces.tokenizer import RESERVED, get_tokenizer
+from prism.traces.trace import MAX_TOKEN_ID, Trace
 
 DOMAINS = ("airline", "retail")
 TABLES = {"airline": ("users", "reservations", "flights"), "retail": ("users", "orders", "products")}
@@ -51,30 +55,30 @@ CONFIRMATIONS = ("Yes, please go ahead.", "Okay, that works for me.", "Yes, I co
                  "Please continue.", "That is correct.")
 
 
+MAX_SESSIONS = 10_000
+
+
 @dataclass
 class AgentSpec(GeneratedTraceSpec):
     kind: str = "agent"
     qps: float = rate(40.0, "mean arrival rate, requests/s")
     domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
     data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
-    concurrent_sessions: int = positive(16, "sessions whose calls interleave")
-    max_prompt_tokens: int = positive(40960, "end a session before a prompt would exceed this")
+    concurrent_sessions: int = positive(16, "sessions whose calls interleave", le=MAX_SESSIONS)
+    max_prompt_tokens: int = tokens(40960, "end a session before a prompt would exceed this")
     tokenizer: str | None = None  # a local Hugging Face tokenizer directory; default: the local tokenizer
-    vocab_size: int = positive(32000, "local tokenizer vocabulary")
+    vocab_size: int = within(32000, RESERVED + 1, MAX_TOKEN_ID + 1, "local tokenizer vocabulary")
 
 
 def _json(path: Path) -> Any:
-    try:
-        return json.loads(read_text(path, "JSON file"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"invalid JSON ({e.msg})", f"{path}:{e.lineno}") from None
+    return parse_json(read_text(path, "JSON file"), str(path))
 
 
 # ---------------------------------------------------------------- the domain database
 class Domain:
     def __init__(self, name: str, folder: Path) -> None:
         self.name = name
-        if not folder.is_dir():
+        if path_kind(folder) != "dir":
             raise UserError("τ-bench data not found (set data_path)", str(folder))
         self.policy = read_text(folder / "policy.md")
         self.tools = _json(folder / "tools.json")

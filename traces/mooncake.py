@@ -8,7 +8,9 @@ length (a cut block is a prefix of the full one). The prompt is exactly its bloc
 
 Options: a time scale or a target QPS (arrival order kept), a request cap, a prompt-length cap, and
 ``segment_tokens`` to cut each block into smaller segments, for engines whose page or QAS segment size is
-smaller than 512 tokens.
+smaller than 512 tokens. ``time_scale`` is bounded to [1e-6, 1e6] (MIN_TIME_SCALE, MAX_TIME_SCALE): a
+factor of a million either way turns an hour of the trace into 4 ms or 114 years, past any replay, and a scale
+near a float's limits turns timestamps into 0 or infinity.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.config import choice, count, nonneg, positive, rate, read_jsonl
+from prism.config import MAX_TOKENS, choice, count, nonneg, path_kind, rate, read_jsonl, tokens, within
 from prism.core import REUSE, Request, SegmentTable
 from prism.errors import UserError
 
-from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir, streams
-from prism.traces.trace import MAX_TOKENS, Trace
+from prism.traces.arrivals import ArrivalSpec, arrival_times, default_data_dir, streams, variation
+from prism.traces.trace import Trace
+
+MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-6, 1e6
 
 
 @dataclass
@@ -34,14 +38,15 @@ class MooncakeSpec:
     seed: int = nonneg(0, "seed of synthetic arrivals")
     num_requests: int | None = count(None, "request cap (null: the whole trace)")
     qps: float | None = rate(None, "target mean rate (rescales the timestamps; null: keep them)")
-    time_scale: float = positive(1.0, "multiply inter-arrival times (ignored when qps is set)")
+    time_scale: float = within(1.0, MIN_TIME_SCALE, MAX_TIME_SCALE,
+                               "multiply inter-arrival times (ignored when qps is set)")
     arrival: str = choice("trace", ("trace", "poisson", "gamma", "azure_code", "azure_conv"),
                           "trace timestamps, or a synthetic process at qps")
-    arrival_cv: float = positive(1.0, "gamma arrivals: coefficient of variation")
-    block_tokens: int = positive(512, "tokens per hash block in the source trace")
-    segment_tokens: int = positive(512, "tokens per segment (divides block_tokens)")
-    output_len_cap: int | None = positive(None, "cap on output tokens (null: the trace's)")
-    max_input_tokens: int | None = positive(None, "skip requests with longer prompts (null: keep all)")
+    arrival_cv: float = variation(1.0, "gamma arrivals: coefficient of variation")
+    block_tokens: int = tokens(512, "tokens per hash block in the source trace")
+    segment_tokens: int = tokens(512, "tokens per segment (divides block_tokens)")
+    output_len_cap: int | None = tokens(None, "cap on output tokens (null: the trace's)")
+    max_input_tokens: int | None = tokens(None, "skip requests with longer prompts (null: keep all)")
 
     def __post_init__(self) -> None:
         if self.block_tokens % self.segment_tokens:
@@ -53,7 +58,7 @@ class MooncakeSpec:
 
 def read_records(path: Path, limit: int | None = None) -> list[dict]:
     """The records of a raw Mooncake file, checked line by line (timestamps finite and non-decreasing)."""
-    if not path.exists():
+    if path_kind(path) is None:
         raise UserError("Mooncake trace not found (set path)", str(path))
     out: list[dict] = []
     for where, rec in read_jsonl(path, "Mooncake trace (JSONL)"):

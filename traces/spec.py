@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from prism.config import MAX_QPS, MAX_REQUESTS, MIN_QPS, build, load_yaml
+from prism.config import MAX_QPS, MAX_REQUESTS, MIN_QPS, build, load_yaml, path_kind, read_jsonl, unknown_keys
 from prism.errors import UserError
 
 from prism.traces import trace as trace_format
@@ -39,10 +39,13 @@ BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop
 def resolve(source: str) -> Path:
     """A path, or the name of a built-in spec (``zipf``, or ``zipf.yaml`` with no folder): a path that names a
     folder and does not exist is an error, never a built-in of the same file name."""
+    if not source:
+        raise UserError("empty path, expected a trace spec (YAML), a trace file (JSONL) or a built-in spec")
     p = Path(source)
-    if p.is_dir():
+    kind = path_kind(p)
+    if kind == "dir":
         raise UserError("is a directory, expected a trace spec (YAML) or trace file (JSONL)", source)
-    if p.exists():
+    if kind == "file":
         return p
     name = BUILTIN.get(source) or (source if source.endswith(".yaml") and p.name == source else None)
     if name:
@@ -63,7 +66,16 @@ def parse_spec(data: Any, where: str) -> Any:
     return build(cls, data, where)
 
 
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    """Overrides are spec fields. A spec's ``engine:`` section is not one: the run's own engine settings
+    override it (``engine.*``), and a second spelling of the same settings would only be ignored or disagree."""
+    if "engine" in overrides:
+        raise UserError("trace override 'engine': not a trace field; a run's engine settings are engine.* (e.g. "
+                        "--set engine.max_total_tokens=65536), and they override the spec's engine: section")
+
+
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
+    _check_overrides(overrides or {})
     p = resolve(str(path))
     data = load_yaml(p)
     if isinstance(data, dict) and overrides:
@@ -78,9 +90,9 @@ def is_materialized(path: Path) -> bool:
 def is_mooncake_file(path: Path) -> bool:
     """A raw Mooncake trace (``{timestamp, input_length, output_length, hash_ids}`` per line)."""
     try:
-        with path.open("rb") as f:
-            first = json.loads(f.readline().decode("utf-8") or "null")
-    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: the trace reader says where
+        with contextlib.closing(read_jsonl(path)) as lines:
+            _, first = next(lines, (None, None))
+    except UserError:  # unreadable, not UTF-8 or not JSON: the trace reader says where
         return False
     return isinstance(first, dict) and "hash_ids" in first and "input_length" in first
 
@@ -89,6 +101,7 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
     """Generate from a spec or read a materialized file; ``overrides`` are spec fields (``qps`` also
     rescales a materialized trace, ``num_requests`` cuts it)."""
     overrides = dict(overrides or {})
+    _check_overrides(overrides)
     p = resolve(source)
     if is_materialized(p) and is_mooncake_file(p):  # replay a raw Mooncake file with the default options
         spec = parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p))
@@ -98,7 +111,7 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
         qps = overrides.pop("qps", None)
         n = overrides.pop("num_requests", None)
         if overrides:
-            raise UserError(f"cannot override {sorted(overrides)[0]!r} of a materialized trace "
+            raise UserError(f"cannot override {unknown_keys(overrides, ())[0]} of a materialized trace "
                             "(only qps and num_requests)", str(p))
         if n is not None:
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_REQUESTS:

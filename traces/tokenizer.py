@@ -13,6 +13,7 @@ import functools
 import re
 from pathlib import Path
 
+from prism.config import path_kind
 from prism.core import stable_hash
 from prism.errors import UserError
 
@@ -49,9 +50,10 @@ class HFTokenizer:
 
     def __init__(self, path: str | Path) -> None:
         p = Path(path)
-        if not p.exists():
+        kind = path_kind(p)
+        if kind is None:
             raise UserError("tokenizer path not found", str(p))
-        tj = p / "tokenizer.json" if p.is_dir() else p
+        tj = p / "tokenizer.json" if kind == "dir" else p
         try:
             from tokenizers import Tokenizer  # type: ignore
 

@@ -12,27 +12,36 @@ Format (one JSON object per line, UTF-8):
    (``t`` in seconds; each segment used with its length, a prefix of the segment's tokens; optional
    ``"session"``, and ``"fixed": true`` for prompts whose segments must keep their order).
 
-Loading checks every line and names the file and line of the first problem.
+Loading checks every line and names the file and line of the first problem. Of the header's ``spec`` (the
+spec the trace was made from), the fields a run reads, ``qps`` and ``seed``, are checked by the rules of a
+spec's own fields (:class:`HeaderSpec`); the others only describe the trace.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 from prism.core import KINDS, SYS, Request, Segment, SegmentTable
-from prism.config import read_jsonl
+from prism.config import MAX_TOKENS, build, nonneg, rate, read_jsonl
 from prism.errors import UserError
 from prism.output import atomic_path
 
 FORMAT_VERSION = 1
 MAX_TOKEN_ID = 2**31 - 1  # token ids are int32
-MAX_TOKENS = 1 << 22  # tokens in one segment, prompt or output (4,194,304): more is no serving workload
+
+
+@dataclass
+class HeaderSpec:
+    """The fields of a header's ``spec`` that a run reads: summaries and run folders name its rate and seed."""
+
+    qps: float | None = rate(None, "the mean arrival rate the trace was made at")
+    seed: int | None = nonneg(None, "the seed it was made with")
 
 
 def _token_ok(t: Any) -> bool:
@@ -124,9 +133,7 @@ def load(path: str | Path) -> Trace:
         if header is None:
             if obj.get("prism_trace") != FORMAT_VERSION:
                 raise UserError(f"not a PRISM trace (first line needs \"prism_trace\": {FORMAT_VERSION})", where)
-            for key in ("spec", "meta"):
-                if obj.get(key) is not None and not isinstance(obj[key], dict):
-                    raise UserError(f"field {key!r}: must be a JSON object", where)
+            _check_header(obj, where)
             header = obj
             continue
         if "seg" in obj:
@@ -143,6 +150,20 @@ def load(path: str | Path) -> Trace:
         raise UserError("trace has no requests", str(p))
     return Trace(requests, table, str(header.get("kind", "custom")), header.get("spec") or {},
                  header.get("meta") or {})
+
+
+def _check_header(obj: dict, where: str) -> None:
+    if not isinstance(obj.get("kind", ""), str):
+        raise UserError("field 'kind': must be a string", where)
+    for key in ("spec", "meta"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            raise UserError(f"field {key!r}: must be a JSON object", where)
+    spec, meta = obj.get("spec") or {}, obj.get("meta") or {}
+    read = {f.name for f in fields(HeaderSpec)}
+    build(HeaderSpec, {k: v for k, v in spec.items() if k in read}, f"{where}: spec")
+    hot = meta.get("hot_set", [])
+    if not isinstance(hot, list) or not all(isinstance(s, str) for s in hot):
+        raise UserError("field 'meta': 'hot_set' must be a list of segment ids", where)
 
 
 def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:

@@ -25,13 +25,17 @@ Non-hot passages come from the synthetic corpus (uniform) or, with ``corpus: mul
 evidence set of a real MultiHop-RAG query (topped up to k at random), so co-citation is real.
 
 Content and arrivals use separate random streams: changing ``qps`` never changes a prompt.
+
+Bounds: the synthetic corpus holds at most MAX_PASSAGES passages (their ids take about 100 MB at the bound),
+the hot set at most MAX_HOT_SET (the Zipf draw caches the remaining weights of recent draws, about 130 MB at
+the bound, 1.3 GB at 10,000), a request retrieves at most MAX_K passages (RAG pipelines retrieve 3-20), and a
+prompt (system + k passages + question) holds at most MAX_TOKENS tokens.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,7 +43,8 @@ from typing import Callable
 
 import numpy as np
 
-from prism.config import choice, fraction, positive, read_jsonl, read_text
+from prism.config import (MAX_TOKENS, MAX_ZIPF_S, choice, fraction, parse_json, path_kind, positive, read_jsonl,
+                          read_text, tokens)
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
 from prism.errors import UserError
 
@@ -47,29 +52,36 @@ from prism.traces.arrivals import GeneratedTraceSpec, default_data_dir, streams
 from prism.traces.trace import Trace
 
 
+MAX_PASSAGES, MAX_HOT_SET, MAX_K = 1_000_000, 1000, 100
+
+
 @dataclass
 class ZipfHotspotSpec(GeneratedTraceSpec):
     kind: str = "zipf_hotspot"
     corpus: str = choice("synthetic", ("synthetic", "multihop_rag"), "where non-hot passages come from")
     corpus_path: str | None = None  # multihop_rag folder; default ../shared/data/multihop_rag
-    num_passages: int = positive(981, "passages in the synthetic corpus")
-    chunk_tokens: int = positive(128, "tokens per passage")
-    k: int = positive(5, "passages retrieved per request")
-    hot_set: int = positive(20, "passages in the hot set")
+    num_passages: int = positive(981, "passages in the synthetic corpus", le=MAX_PASSAGES)
+    chunk_tokens: int = tokens(128, "tokens per passage")
+    k: int = positive(5, "passages retrieved per request", le=MAX_K)
+    hot_set: int = positive(20, "passages in the hot set", le=MAX_HOT_SET)
     r_hot: float = fraction(0.7, "probability that a request is hot")
-    zipf_s: float = positive(1.2, "Zipf exponent over the hot set's ranks")
+    zipf_s: float = positive(1.2, "Zipf exponent over the hot set's ranks", le=MAX_ZIPF_S)
     hot_choice: str = choice("random", ("random", "most_cited"), "hot set: random, or most-cited (multihop)")
     hot_placement: str = choice("random", ("random", "draw", "rank"),
                                 "where hot passages sit among the k: random order, first in draw order, first by rank")
     hot_count: str | list[float] = field(default="uniform", metadata={
         "doc": "hot passages per hot request: 'uniform' over 1..k, or the probabilities of 1, 2, ..., k"})
-    sys_tokens: int = positive(96, "system prompt + template tokens")
-    suffix_min: int = positive(16, "private question, minimum tokens")
-    suffix_max: int = positive(48, "private question, maximum tokens")
+    sys_tokens: int = tokens(96, "system prompt + template tokens")
+    suffix_min: int = tokens(16, "private question, minimum tokens")
+    suffix_max: int = tokens(48, "private question, maximum tokens")
 
     def __post_init__(self) -> None:
         if self.suffix_max < self.suffix_min:
             raise ValueError("field 'suffix_max': must be >= suffix_min")
+        longest = self.sys_tokens + self.k * self.chunk_tokens + self.suffix_max
+        if longest > MAX_TOKENS:
+            raise ValueError(f"field 'k': a prompt of {self.sys_tokens} + {self.k} x {self.chunk_tokens} + "
+                             f"{self.suffix_max} tokens is longer than {MAX_TOKENS}")
         if self.corpus == "synthetic":
             if self.hot_set >= self.num_passages:
                 raise ValueError(f"field 'hot_set': must be < num_passages ({self.num_passages})")
@@ -126,7 +138,7 @@ def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[st
     """Passage ids, citation counts, and each query's evidence list (queries with evidence only)."""
     passages = folder / "evidence_passages.jsonl"
     queries = folder / "queries.json"
-    if not passages.is_file() or not queries.is_file():
+    if path_kind(passages) != "file" or path_kind(queries) != "file":
         raise UserError("MultiHop-RAG data not found (expected evidence_passages.jsonl and queries.json; "
                         "set corpus_path)", str(folder))
     ids, cites = [], {}
@@ -137,10 +149,7 @@ def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[st
         ids.append(pid)
         query_ids = rec.get("query_ids", [])
         cites[pid] = len(query_ids) if isinstance(query_ids, list) else 0
-    try:
-        qs = json.loads(read_text(queries, "queries file (JSON)"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"invalid JSON ({e.msg})", f"{queries}:{e.lineno}") from None
+    qs = parse_json(read_text(queries, "queries file (JSON)"), str(queries))
     if not isinstance(qs, list) or not all(isinstance(q, dict) for q in qs):
         raise UserError("expected a JSON list of query objects", str(queries))
     evidence = []

@@ -111,7 +111,7 @@ def implied_rates(cost: CostModel, g: profiles.GPU, m: profiles.Model, measured:
 def show(args) -> None:
     if not 0 < args.mem_fraction <= 1:
         raise UserError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
-    if args.profile:
+    if args.profile is not None:
         prof = load_profile(args.profile, args.mem_fraction)
         g, m, cost = prof.gpu, prof.model, prof.cost
     else:
