@@ -101,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     s = result.summary
-    write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
-    write_json(s, out / "summary.json")
     print(table(_summary_rows(s), SUMMARY_HEADER))
     if "cluster" in s:
         print(cluster_table(s["cluster"]))
