@@ -235,7 +235,7 @@ def write_results(out: Path, records: list[RequestRecord], make_summary: Callabl
     """A run's files once it is over or broken off: requests.csv in request order, then summary.json, both
     whole whatever a second Ctrl-C does meanwhile; the summary, or {} for a server that never served, which
     leaves its log and the one-line error but no requests.csv (a header alone would read as a killed run)."""
-    with InterruptsHeld(reraise=False):
+    with InterruptsHeld():
         if not records:
             (out / "requests.csv").unlink(missing_ok=True)
             return {}

@@ -69,6 +69,7 @@ def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:
             prepare_run_dir(d, SERVER_FILES, flag)
     return out
 
+
 CSV_COLUMNS = [f.name for f in fields(RequestRecord) if f.name != "instance"] + ["w_admit", "t_prefill", "t_1tok",
                                                                                  "ttft"]
 #: a cluster's requests.csv (more than one instance) adds the instance that served each request

@@ -7,8 +7,8 @@ starts, and every result file is written whole or not at all.
     with atomic_path(out / "data.npz") as tmp:      # the same for any writer that wants a path
         np.savez(tmp, **arrays)
     save_figure(fig, out / "plot.png")              # a matplotlib figure: laid out, written, closed
-    with InterruptsHeld():                          # Ctrl-C waits until a finished result is on disk
-        write_atomic_text(out / "summary.json", text)
+    with InterruptsHeld() as held:                  # Ctrl-C waits until a finished result is on disk
+        write_atomic_text(out / "summary.json", text)   # (held.caught: whether one came meanwhile)
 
 A bad location (under a regular file, under /proc, a read-only file system, a file where a folder is
 expected or a folder where a file is expected) raises :class:`~prism.errors.UserError`: one line naming
@@ -162,12 +162,11 @@ class InterruptsHeld:
     its files (a run's summary, then ``requests.csv`` and ``summary.json``), so that an interruption there
     cannot leave a complete ``requests.csv`` without its summary, a folder that reads as a killed run.
 
-    ``caught`` says whether a Ctrl-C came meanwhile; with ``reraise`` (the default) it is raised as
-    KeyboardInterrupt when the block ends normally. Outside the main thread (where Python delivers no
-    SIGINT) it holds nothing."""
+    ``caught`` says whether a Ctrl-C came meanwhile (the caller ends as interrupted once its files are
+    written). Outside the main thread (where Python delivers no SIGINT) it holds nothing."""
 
-    def __init__(self, reraise: bool = True) -> None:
-        self.reraise, self.caught = reraise, False
+    def __init__(self) -> None:
+        self.caught = False
         self._held, self._previous = False, None
 
     def _note(self, signum: int, frame: Any) -> None:
@@ -178,12 +177,10 @@ class InterruptsHeld:
             self._previous, self._held = signal.signal(signal.SIGINT, self._note), True
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, *_: Any) -> None:
         if self._held:
             signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
             self._held = False
-        if self.caught and self.reraise and exc_type is None:
-            raise KeyboardInterrupt
 
 
 __all__ = ["InterruptsHeld", "check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path",

@@ -129,13 +129,13 @@ class Replay:
         try:
             self.env.run(until=self.done)
         except KeyboardInterrupt:
-            with InterruptsHeld(reraise=False):
+            with InterruptsHeld():
                 res = result(False)
             raise SimInterrupted(res, self.total) from None
         finally:
             if self.bar is not None:
                 self.bar.close()
-        with InterruptsHeld(reraise=False) as held:
+        with InterruptsHeld() as held:
             res = result(True)
         if held.caught:
             raise SimInterrupted(res, self.total)

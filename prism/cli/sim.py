@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         result, interrupted = e.result, e
     finally:
         stream.close()
-    with InterruptsHeld(reraise=False) as held:  # a result reaches the folder whole, Ctrl-C or not
+    with InterruptsHeld() as held:  # a result reaches the folder whole, Ctrl-C or not
         write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
         write_json(result.summary, out / "summary.json")
     if interrupted is not None or held.caught:
