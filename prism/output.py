@@ -162,8 +162,9 @@ class InterruptsHeld:
     its files (a run's summary, then ``requests.csv`` and ``summary.json``), so that an interruption there
     cannot leave a complete ``requests.csv`` without its summary, a folder that reads as a killed run.
 
-    ``caught`` says whether a Ctrl-C came meanwhile (the caller ends as interrupted once its files are
-    written). Outside the main thread (where Python delivers no SIGINT) it holds nothing."""
+    ``caught`` says whether a Ctrl-C came meanwhile, for the caller to act on once its files are written
+    (prism-sim then exits 130; a live run's files come after its replay ended either way). Outside the main
+    thread (where Python delivers no SIGINT) it holds nothing."""
 
     def __init__(self) -> None:
         self.caught = False
