@@ -168,6 +168,18 @@ def _rows(out, name="summary.csv"):
     return [(r["method"], float(r["qps"])) for r in csv.DictReader((out / name).open())]
 
 
+def test_sigint_mid_sweep_says_what_is_done_and_a_rerun_finishes(tmp_path, capsys):
+    out = tmp_path / "sw"
+    code, err = _stopped_run(tmp_path, _sweep(out, "fcfs", "20,30"), signal.SIGINT, AFTER=40)  # in the 2nd run
+    assert code == 130
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"interrupted with 1 of 2 runs done in {out}" in err
+    assert _rows(out) == [("fcfs", 20.0)]
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
 def test_truncated_run_summary_is_run_again(tmp_path, capsys):
     out = tmp_path / "sw"
     assert sim_main(_sweep(out, "fcfs", "20,30")) == 0

@@ -130,7 +130,13 @@ def main(argv: list[str]) -> int:
         session = contextlib.nullcontext()
     with session, sweep.lock():  # one sweep at a time in a folder, plots included
         bar = tqdm(unit="run", desc="sweep", disable=args.no_progress or not sys.stderr.isatty())
-        agg = sweep.run(on_done=lambda row: bar.update(1))
+        try:
+            agg = sweep.run(on_done=lambda row: bar.update(1))
+        except KeyboardInterrupt:  # every finished run is in its folder and in summary.csv: a rerun goes on
+            bar.close()
+            print(f"prism-sim: interrupted with {len(sweep.rows)} of {len(sweep.merged)} runs done in {out}; the "
+                  "same command runs the rest", file=sys.stderr)
+            return 130
         bar.close()
         first_seed = {}
         for t in sweep.merged:
