@@ -81,6 +81,28 @@ def _ints(text: str, flag: str) -> list[int]:
     return list(dict.fromkeys(vals))
 
 
+def _check_runs(base: dict, methods: list[str], instances: list[int], routers: list[str], qps: float, trace: str,
+                where: str, materialized: bool) -> int:
+    """Resolve every (method, cluster) combination as its first run will be (profile, trace, KV capacity,
+    warm-up, the trace seed) before the sweep touches its folder, the trace generated once; the sweep's first
+    seed (0 for a materialized trace). The trace goes when this returns: no worker needs the parent's."""
+    loaded: dict[str, Trace] = {}
+
+    def load_once(source: str, overrides: dict) -> Trace:
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in loaded:
+            loaded[key] = load_trace(source, overrides)
+        return loaded[key]
+
+    for m in methods:
+        for n in instances:
+            for r in routers if n > 1 else [""]:
+                cfg = task_config(base, m, qps, None, n, r)  # the settings' own seed, checked here
+                spec = settings_from(cfg, where).resolve(trace, load_once)
+    check_source(trace, cfg["trace"])
+    return 0 if materialized else spec.seed
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     qps = parse_rates(args.qps)
@@ -95,28 +117,14 @@ def main(argv: list[str]) -> int:
     materialized = is_materialized(resolve(args.trace))
     check_knobs_used(base, methods, where)
     cluster = base.get("cluster") if isinstance(base.get("cluster"), dict) else {}
-    instances = _ints(args.instances, "--instances") if args.instances is not None else [int(cluster.get("instances") or 1)]
+    instances = (_ints(args.instances, "--instances") if args.instances is not None
+                 else [int(cluster.get("instances") or 1)])
     routers = ([check_router(r) for r in comma_list(args.routers, "--routers", "routers")]
                if args.routers is not None else [str(cluster.get("router") or "cache_aware")])
     check_router_knobs_used(base, routers, where)
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
-    traces: dict[str, Trace] = {}  # the combinations' one trace, generated once
-
-    def load_once(source: str, overrides: dict) -> Trace:
-        key = json.dumps(overrides, sort_keys=True)
-        if key not in traces:
-            traces[key] = load_trace(source, overrides)
-        return traces[key]
-
-    for m in methods:  # every combination resolved as its first run will be, before --out is touched
-        for n in instances:
-            for r in routers if n > 1 else [""]:
-                cfg = task_config(base, m, qps[0], None, n, r)  # the settings' own seed, checked here
-                spec = settings_from(cfg, where).resolve(args.trace, load_once)
-    traces.clear()
-    check_source(args.trace, cfg["trace"])
-    seed0 = 0 if materialized else spec.seed
+    seed0 = _check_runs(base, methods, instances, routers, qps[0], args.trace, where, materialized)
     seeds = [seed0 + i for i in range(args.seeds)]
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
     sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
