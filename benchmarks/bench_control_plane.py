@@ -28,7 +28,8 @@ from prism.policies.lpm import LPM, LPMConfig
 from prism.policies.qas import QAS
 from prism.sim.engine import Seq
 from prism.sim.radix_cache import RadixCache
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.spec import generate
+from prism.traces.zipf import ZipfHotspotSpec
 
 
 def time_round(policy_factory, waiting, ctx, repeat: int) -> tuple[float, float]:

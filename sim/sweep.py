@@ -138,26 +138,33 @@ def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
 
 
 _RECENT_TRACES: dict[str, Trace] = {}  # a worker's last traces (see _load_trace)
+_RECENT_PROMPTS: dict[str, dict[str, Trace]] = {}  # by the same file stamps: a memo of load_trace's
 
 
 def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
-    """``load_trace``, remembering the worker's last two traces: the runs of one (QPS, seed) share its trace
-    whatever their method, and a sweep hands a worker those runs one after another (``_execute``). A run
-    never changes its trace. The key holds the file's size and modification time, so a worker that outlives
-    a sweep (a Ray worker, or this process) never serves a trace file that changed since."""
+    """``load_trace``, remembering the worker's last two traces and, for other rates, their prompts: the runs
+    of one (seed, QPS) share its trace whatever their method, those of one seed its prompts whatever their
+    rate, and a sweep hands a worker its runs in that order (``_execute``). A run never changes its trace. The
+    keys hold the file's size and modification time, so a worker that outlives a sweep (a Ray worker, or this
+    process) never serves a trace file that changed since."""
     path = resolve(source)
     try:
         stat = path.stat()
-        stamp = [str(path.resolve()), stat.st_mtime_ns, stat.st_size]
+        stamp = json.dumps([str(path.resolve()), stat.st_mtime_ns, stat.st_size])
     except OSError:  # load_trace says what is wrong with it
         return load_trace(source, overrides)
     key = json.dumps([stamp, overrides], sort_keys=True)
     trace = _RECENT_TRACES.pop(key, None)
     if trace is None:
-        trace = load_trace(source, overrides)
+        memo = _RECENT_PROMPTS.setdefault(stamp, {})
+        trace = load_trace(source, overrides, memo)
+        while len(memo) > 2:
+            del memo[next(iter(memo))]
     _RECENT_TRACES[key] = trace
     while len(_RECENT_TRACES) > 2:
         del _RECENT_TRACES[next(iter(_RECENT_TRACES))]
+    while len(_RECENT_PROMPTS) > 2:
+        del _RECENT_PROMPTS[next(iter(_RECENT_PROMPTS))]
     return trace
 
 
@@ -406,7 +413,7 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
             yield done
         else:
             todo.append(t)
-    todo.sort(key=lambda t: (t.qps, t.seed))  # (stable) a (QPS, seed)'s runs in a row: they share a trace
+    todo.sort(key=lambda t: (t.seed, t.qps))  # (stable) a trace's runs in a row, a seed's traces (_load_trace)
     if ray_address is not None:
         from prism.sim.ray_sweep import execute_on_ray  # ray is an optional extra
 
@@ -419,6 +426,7 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
                 yield run_task(t)
         finally:
             _RECENT_TRACES.clear()  # this process outlives the sweep: its traces go with it
+            _RECENT_PROMPTS.clear()
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for fut in as_completed([pool.submit(run_task, t) for t in todo]):

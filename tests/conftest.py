@@ -30,7 +30,8 @@ def make_trace(specs, table: SegmentTable | None = None) -> Trace:
 
 @pytest.fixture
 def tiny_zipf():
-    from prism.traces.zipf import ZipfHotspotSpec, generate
+    from prism.traces.spec import generate
+    from prism.traces.zipf import ZipfHotspotSpec
 
     return generate(ZipfHotspotSpec(num_requests=200, qps=20.0))
 

@@ -16,7 +16,8 @@ from prism.metrics import write_requests_csv
 from prism.settings import ClusterConfig, EngineConfig, RunSpec, settings_from
 from prism.sim.cluster import simulate_cluster
 from prism.sim.run import simulate
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.spec import generate
+from prism.traces.zipf import ZipfHotspotSpec
 
 
 def _csv(tmp_path, name, records, cluster=False):

@@ -12,7 +12,8 @@ from prism.sim import engine as engine_mod
 from prism.metrics import write_requests_csv
 from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.spec import generate
+from prism.traces.zipf import ZipfHotspotSpec
 
 METHODS = [("fcfs", "lru"), ("lpm", "lru"), ("dfs_weight", "lru"), ("lpm", "lfu"), ("fcfs", "lru_active"),
            ("klpm", "lru"), ("contextpilot", "lru"), ("qas", "dart"), ("qas", "belady")]

@@ -7,7 +7,8 @@ import pytest
 from prism.calibration.cost_model import load_profile
 from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.spec import generate
+from prism.traces.zipf import ZipfHotspotSpec
 
 
 @pytest.fixture(scope="module")

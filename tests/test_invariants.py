@@ -42,7 +42,8 @@ from prism.sim import radix_cache as cache_mod
 from prism.sim.run import simulate
 from prism.traces.stats import infinite_cache_hits
 from prism.traces.trace import Trace
-from prism.traces.zipf import ZipfHotspotSpec, generate
+from prism.traces.spec import generate
+from prism.traces.zipf import ZipfHotspotSpec
 
 PROFILE = load_profile()
 FIRST_TOKEN_S = PROFILE.cost.first_token_s

@@ -13,7 +13,8 @@ from scipy import stats as sps
 from prism.cli.sim import main as sim_main
 from prism.core import PRIV, SYS
 from prism.sim.radix_cache import RadixCache
-from prism.traces.prefix_groups import PrefixGroupsSpec, generate
+from prism.traces.prefix_groups import PrefixGroupsSpec
+from prism.traces.spec import generate
 from prism.traces.spec import load_trace
 
 

@@ -12,9 +12,9 @@ from conftest import PRIV, REUSE, SYS, make_trace, need_data
 from prism.core import SegmentTable
 from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
-from prism.traces.spec import load_trace
+from prism.traces.spec import generate, load_trace
 from prism.traces.stats import infinite_cache_hits, trace_stats
-from prism.traces.zipf import ZipfHotspotSpec, _categorical, generate
+from prism.traces.zipf import ZipfHotspotSpec, _categorical
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +204,36 @@ def test_multihop_corpus_uses_real_evidence():
     assert len(t.meta["hot_set"]) == 20
     st_ = trace_stats(t)
     assert 0.6 < st_["hot_fraction"] < 0.8
+
+
+def _as_rows(trace):
+    return (trace.kind, trace.spec, trace.meta,
+            [(r.id, r.arrival, [(s.kind, s.id, s.length) for s in r.segments], r.output_len, r.session,
+              r.fixed_order) for r in trace.requests])
+
+
+@pytest.mark.parametrize("source, data, first, then", [
+    ("zipf", None, {"qps": 40.0}, [{"qps": 80.0}, {"arrival": "gamma", "arrival_cv": 3.0, "qps": 50.0}]),
+    ("prefix20", None, {"qps": 40.0, "num_requests": 500}, [{"qps": 218.0, "num_requests": 500}]),
+    ("multihop", "multihop_rag", {"qps": 40.0, "num_requests": 300}, [{"qps": 70.0, "num_requests": 300}]),
+    ("agent", "tau_bench", {"qps": 10.0, "num_requests": 300}, [{"qps": 30.0, "num_requests": 300}]),
+    ("mooncake", "mooncake", {"num_requests": 300}, [{"num_requests": 300, "qps": 5.0},
+                                                     {"num_requests": 300, "time_scale": 0.5},
+                                                     {"num_requests": 300, "arrival": "poisson", "qps": 7.0,
+                                                      "seed": 3}]),
+])
+def test_traces_at_other_arrivals_reuse_their_prompts_exactly(source, data, first, then):
+    """A memo of load_trace keeps a spec's prompts across arrival settings (a sweep's rates): each trace made
+    from it is the trace made from scratch, field by field, with the same infinite-cache hit rate."""
+    if data:
+        need_data(data)
+    memo: dict = {}
+    load_trace(source, first, memo)
+    for overrides in then:
+        made = load_trace(source, overrides, memo)
+        fresh = load_trace(source, overrides)
+        assert len(memo) == 1, "the prompts were made again"
+        assert _as_rows(made) == _as_rows(fresh)
+        assert made.infinite_cache_hit_rate() == fresh.infinite_cache_hit_rate()
+    other = load_trace(source, {**first, "num_requests": 100}, memo)  # a content field: new prompts
+    assert len(memo) == 2 and _as_rows(other) == _as_rows(load_trace(source, {**first, "num_requests": 100}))

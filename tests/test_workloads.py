@@ -16,8 +16,7 @@ from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
 from prism.traces.arrivals import ArrivalSpec, arrival_times, load_azure_timestamps
 from prism.traces.mooncake import MooncakeSpec, block_hit_rate, read_records
-from prism.traces.mooncake import generate as mooncake_generate
-from prism.traces.spec import load_trace
+from prism.traces.spec import generate, load_trace
 from prism.traces.stats import trace_stats
 
 
@@ -85,7 +84,7 @@ def mooncake_records():
 
 
 def test_mooncake_block_counts(mooncake_records):
-    t = mooncake_generate(MooncakeSpec())
+    t = generate(MooncakeSpec())
     assert len(t) == len(mooncake_records) == 12031
     for r, rec in zip(t.requests, mooncake_records):
         assert len(r.segments) == math.ceil(rec["input_length"] / 512) == len(rec["hash_ids"])
@@ -95,7 +94,7 @@ def test_mooncake_block_counts(mooncake_records):
 
 def test_mooncake_infinite_cache_hit_rate(mooncake_records):
     assert block_hit_rate(mooncake_records) == pytest.approx(0.366, abs=0.001)
-    st = trace_stats(mooncake_generate(MooncakeSpec()))
+    st = trace_stats(generate(MooncakeSpec()))
     assert st["infinite_cache_block_hit_rate"] == pytest.approx(0.366, abs=0.001)
 
 
@@ -110,16 +109,16 @@ def test_trace_stats_on_the_raw_mooncake_file(capsys):
 
 
 def test_mooncake_time_scaling_and_remapping(mooncake_records):
-    base = mooncake_generate(MooncakeSpec(num_requests=3000))
+    base = generate(MooncakeSpec(num_requests=3000))
     for qps in (2.0, 7.5):
-        t = mooncake_generate(MooncakeSpec(num_requests=3000, qps=qps))
+        t = generate(MooncakeSpec(num_requests=3000, qps=qps))
         arr = np.array([r.arrival for r in t.requests])
         assert np.all(np.diff(arr) >= 0)
         assert [r.id for r in t.requests] == [r.id for r in base.requests]
         assert (len(arr) - 1) / (arr[-1] - arr[0]) == pytest.approx(qps, rel=0.02)
-    half = mooncake_generate(MooncakeSpec(num_requests=100, time_scale=0.5))
+    half = generate(MooncakeSpec(num_requests=100, time_scale=0.5))
     assert half.requests[-1].arrival == pytest.approx(base.requests[99].arrival * 0.5)
-    small = mooncake_generate(MooncakeSpec(num_requests=100, segment_tokens=64))
+    small = generate(MooncakeSpec(num_requests=100, segment_tokens=64))
     for a, b in zip(small.requests, base.requests[:100]):
         assert a.prompt_len == b.prompt_len and len(a.segments) == math.ceil(b.prompt_len / 64)
 

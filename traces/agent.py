@@ -202,14 +202,15 @@ def _session_turns(domain: Domain, task: dict, b: _Builder, rng: np.random.Gener
     return turns
 
 
-def generate(spec: AgentSpec) -> Trace:
+def content(spec: AgentSpec) -> Trace:
+    """The turns, in arrival order (their arrival times: ``spec.arrive``)."""
     folder = Path(spec.data_path) if spec.data_path else default_data_dir() / "tau_bench"
     names = DOMAINS if spec.domain == "both" else (spec.domain,)
     domains = [Domain(n, folder / n) for n in names]
     tasks = [(d, t) for d in domains for t in d.tasks]
     if not tasks:
         raise UserError("no τ-bench tasks found", str(folder))
-    rng, arrival_rng = streams(spec.seed)
+    rng = streams(spec.seed)[0]
     b = _Builder(spec)
 
     queue: list[int] = []
@@ -244,5 +245,4 @@ def generate(spec: AgentSpec) -> Trace:
             continue
         requests.append(Request(len(requests), 0.0, tuple(turns[k]), spec.output_len, name, True))
         live[i][2] = k + 1
-    trace = Trace(requests, b.table, "agent", asdict(spec), {"domains": list(names), "sessions": started})
-    return trace.with_arrivals(spec.arrival_times(arrival_rng))
+    return Trace(requests, b.table, "agent", asdict(spec), {"domains": list(names), "sessions": started})

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from prism.config import choice, count, nonneg, path_kind, rate, read_text, tokens, within
 from prism.errors import UserError
+
+if TYPE_CHECKING:
+    from prism.traces.trace import Trace
 
 PROCESSES = ("poisson", "gamma", "azure_code", "azure_conv")
 MIN_CV, MAX_CV = 1e-3, 10.0
@@ -42,8 +46,11 @@ class GeneratedTraceSpec:
     """Fields every generated trace has: its seed, size, arrival process and decode length.
 
     Content and arrival times come from two streams of the seed (:func:`streams`), so that changing the rate
-    or the process never changes a prompt.
+    or the process never changes a prompt: a kind's ``content(spec)`` makes the prompts, :meth:`arrive` their
+    arrival times, and ``ARRIVAL_FIELDS`` are the fields only the latter reads.
     """
+
+    ARRIVAL_FIELDS: ClassVar[tuple[str, ...]] = ("qps", "arrival", "arrival_cv")
 
     kind: str = ""
     seed: int = nonneg(0, "seed of the content and arrival streams")
@@ -55,6 +62,11 @@ class GeneratedTraceSpec:
 
     def arrival_times(self, rng: np.random.Generator) -> np.ndarray:
         return arrival_times(ArrivalSpec(self.arrival, self.qps, self.arrival_cv), self.num_requests, rng)
+
+    def arrive(self, content: "Trace") -> "Trace":
+        """The prompts of ``content`` (this spec's kind's ``content``, made at any arrival fields) at this
+        spec's arrival times."""
+        return content.with_arrivals(self.arrival_times(streams(self.seed)[1]), asdict(self))
 
 
 def streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:

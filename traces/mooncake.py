@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -48,12 +49,26 @@ class MooncakeSpec:
     output_len_cap: int | None = tokens(None, "cap on output tokens (null: the trace's)")
     max_input_tokens: int | None = tokens(None, "skip requests with longer prompts (null: keep all)")
 
+    #: the fields only :meth:`arrive` reads (``content`` reads the file and the others)
+    ARRIVAL_FIELDS: ClassVar[tuple[str, ...]] = ("seed", "qps", "time_scale", "arrival", "arrival_cv")
+
     def __post_init__(self) -> None:
         if self.block_tokens % self.segment_tokens:
             raise ValueError(f"field 'segment_tokens': {self.segment_tokens} does not divide "
                              f"block_tokens {self.block_tokens}")
         if self.arrival != "trace" and self.qps is None:
             raise ValueError(f"field 'qps': required with arrival {self.arrival!r}")
+
+    def arrive(self, content: Trace) -> Trace:
+        """The requests of ``content`` (at the file's timestamps) at this spec's arrival times: the file's,
+        from 0 and scaled (to ``qps`` if set), or a synthetic process's at ``qps``."""
+        spec = asdict(self)
+        if self.arrival != "trace":
+            return content.with_arrivals(arrival_times(ArrivalSpec(self.arrival, self.qps, self.arrival_cv),
+                                                       len(content), streams(self.seed)[1]), spec)
+        t0 = content.requests[0].arrival
+        trace = content.with_arrivals(np.array([(r.arrival - t0) * self.time_scale for r in content.requests]), spec)
+        return trace.rescaled(self.qps) if self.qps is not None else trace
 
 
 def read_records(path: Path, limit: int | None = None) -> list[dict]:
@@ -91,7 +106,8 @@ def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def generate(spec: MooncakeSpec) -> Trace:
+def content(spec: MooncakeSpec) -> Trace:
+    """The requests the filters keep, at the file's timestamps (their arrival times: ``spec.arrive``)."""
     path = Path(spec.path) if spec.path else default_data_dir() / "mooncake" / "conversation_trace.jsonl"
     records = read_records(path)
     bt, st = spec.block_tokens, spec.segment_tokens
@@ -122,14 +138,7 @@ def generate(spec: MooncakeSpec) -> Trace:
             break
     if not requests:
         raise UserError("no request left after the filters", str(path))
-    trace = Trace(requests, table, "mooncake", asdict(spec), {"source": str(path), "block_tokens": bt})
-    if spec.arrival != "trace":
-        times = arrival_times(ArrivalSpec(spec.arrival, spec.qps, spec.arrival_cv), len(requests),
-                              streams(spec.seed)[1])
-        return trace.with_arrivals(times)
-    t0 = requests[0].arrival
-    trace = trace.with_arrivals(np.array([(r.arrival - t0) * spec.time_scale for r in requests]))
-    return trace.rescaled(spec.qps) if spec.qps is not None else trace
+    return Trace(requests, table, "mooncake", asdict(spec), {"source": str(path), "block_tokens": bt})
 
 
 def block_hit_rate(records: list[dict]) -> float:

@@ -55,15 +55,15 @@ class PrefixGroupsSpec(GeneratedTraceSpec):
         return w / w.sum()
 
 
-def generate(spec: PrefixGroupsSpec) -> Trace:
-    rng, arrival_rng = streams(spec.seed)
+def content(spec: PrefixGroupsSpec) -> Trace:
+    """The prompts, in arrival order (their arrival times: ``spec.arrive``)."""
+    rng = streams(spec.seed)[0]
     if spec.popularity == "uniform":
         groups = rng.integers(0, spec.groups, spec.num_requests)
     else:
         groups = rng.choice(spec.groups, spec.num_requests, p=spec.group_weights())
     table = SegmentTable()
     prefixes = [table.segment(f"g{g}", SYS, spec.prefix_tokens) for g in range(spec.groups)]
-    times = spec.arrival_times(arrival_rng)
-    requests = [Request(rid, t, (prefixes[g], table.segment(f"q{rid}", PRIV, spec.private_tokens)), spec.output_len)
-                for rid, (g, t) in enumerate(zip(groups.tolist(), times.tolist()))]
+    requests = [Request(rid, 0.0, (prefixes[g], table.segment(f"q{rid}", PRIV, spec.private_tokens)), spec.output_len)
+                for rid, g in enumerate(groups.tolist())]
     return Trace(requests, table, "prefix_groups", asdict(spec))

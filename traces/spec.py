@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+from dataclasses import asdict
 
 from importlib import resources
 from pathlib import Path
@@ -15,7 +17,8 @@ from prism.errors import UserError
 from prism.traces import trace as trace_format
 from prism.traces.trace import Trace
 
-#: kind -> (module of prism.traces, its spec dataclass); each module's ``generate(spec)`` makes the trace. A
+#: kind -> (module of prism.traces, its spec dataclass). A module's ``content(spec)`` makes the prompts and the
+#: spec's ``arrive`` their arrival times, which read only the spec's ``ARRIVAL_FIELDS`` (:func:`generate`). A
 #: run imports only its own kind's module.
 KINDS: dict[str, tuple[str, str]] = {
     "zipf_hotspot": ("zipf", "ZipfHotspotSpec"),
@@ -26,10 +29,29 @@ KINDS: dict[str, tuple[str, str]] = {
 
 
 def generator(kind: str) -> tuple[type, Callable[[Any], Trace]]:
-    """The spec dataclass and the generator of a trace kind (one of ``KINDS``)."""
+    """The spec dataclass of a trace kind (one of ``KINDS``) and the function that makes its prompts."""
     module, spec = KINDS[kind]
     mod = importlib.import_module(f"prism.traces.{module}")
-    return getattr(mod, spec), mod.generate
+    return getattr(mod, spec), mod.content
+
+
+def generate(spec: Any, memo: dict[str, Trace] | None = None) -> Trace:
+    """The trace of a spec: its kind's prompts at the spec's arrival times.
+
+    ``memo``: a dict in which a caller that makes traces of one spec at several arrival settings (a sweep's
+    rates) keeps their prompts, by the spec's other fields: a trace whose prompts are there only draws its
+    arrivals (a kind's prompts never depend on its ``ARRIVAL_FIELDS``). Their infinite-cache hit rate, which
+    every run reports, is then computed once for all of them. The caller bounds the dict."""
+    make = generator(spec.kind)[1]
+    if memo is None:
+        return spec.arrive(make(spec))
+    key = json.dumps({k: v for k, v in asdict(spec).items() if k not in spec.ARRIVAL_FIELDS}, sort_keys=True,
+                     default=str)
+    content = memo.get(key)
+    if content is None:
+        content = memo[key] = make(spec)
+        content.infinite_cache_hit_rate()
+    return spec.arrive(content)
 
 
 BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml",
@@ -97,15 +119,14 @@ def is_mooncake_file(path: Path) -> bool:
     return isinstance(first, dict) and "hash_ids" in first and "input_length" in first
 
 
-def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
+def load_trace(source: str, overrides: dict[str, Any] | None = None, memo: dict[str, Trace] | None = None) -> Trace:
     """Generate from a spec or read a materialized file; ``overrides`` are spec fields (``qps`` also
-    rescales a materialized trace, ``num_requests`` cuts it)."""
+    rescales a materialized trace, ``num_requests`` cuts it). ``memo``: see :func:`generate`."""
     overrides = dict(overrides or {})
     _check_overrides(overrides)
     p = resolve(source)
     if is_materialized(p) and is_mooncake_file(p):  # replay a raw Mooncake file with the default options
-        spec = parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p))
-        return generator("mooncake")[1](spec)
+        return generate(parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p)), memo)
     if is_materialized(p):
         t = trace_format.load(p)
         qps = overrides.pop("qps", None)
@@ -122,8 +143,7 @@ def load_trace(source: str, overrides: dict[str, Any] | None = None) -> Trace:
                 raise UserError(f"trace.qps must be a number in {MIN_QPS:g}..{MAX_QPS:g}, got {qps!r}", str(p))
             t = t.rescaled(float(qps))
         return t
-    spec = load_spec(p, overrides)
-    return generator(spec.kind)[1](spec)
+    return generate(load_spec(p, overrides), memo)
 
 
 def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:

@@ -77,10 +77,13 @@ class Trace:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def with_arrivals(self, times: np.ndarray) -> "Trace":
+    def with_arrivals(self, times: np.ndarray, spec: dict[str, Any] | None = None) -> "Trace":
+        """The same prompts in the same order at new arrival times (``spec``: the spec they are now of). The
+        infinite-cache hit rate, a property of the prompts in that order, goes with them if computed."""
         reqs = [Request(r.id, float(t), r.segments, r.output_len, r.session, r.fixed_order)
                 for r, t in zip(self.requests, times)]
-        return Trace(reqs, self.table, self.kind, self.spec, self.meta)
+        return Trace(reqs, self.table, self.kind, self.spec if spec is None else spec, self.meta,
+                     self._infinite_hit_rate)
 
     def rescaled(self, qps: float) -> "Trace":
         """Same requests, arrival times scaled so that the mean rate is ``qps`` (order kept)."""

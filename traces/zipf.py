@@ -161,8 +161,9 @@ def load_multihop(folder: Path) -> tuple[list[str], dict[str, int], list[list[st
     return ids, cites, evidence
 
 
-def generate(spec: ZipfHotspotSpec) -> Trace:
-    rng, arrival_rng = streams(spec.seed)
+def content(spec: ZipfHotspotSpec) -> Trace:
+    """The prompts, in arrival order (their arrival times: ``spec.arrive``)."""
+    rng = streams(spec.seed)[0]
 
     evidence: list[list[str]] = []
     if spec.corpus == "multihop_rag":
@@ -220,5 +221,4 @@ def generate(spec: ZipfHotspotSpec) -> Trace:
         requests.append(Request(rid, 0.0, (sys_seg, *reuse, suffix), spec.output_len))
         hot_flags.append(bool(is_hot))
 
-    trace = Trace(requests, table, "zipf_hotspot", asdict(spec), {"hot_set": hot})
-    return trace.with_arrivals(spec.arrival_times(arrival_rng))
+    return Trace(requests, table, "zipf_hotspot", asdict(spec), {"hot_set": hot})
