@@ -10,6 +10,7 @@ from scipy import stats as sps
 
 from conftest import PRIV, REUSE, SYS, make_trace, need_data
 from prism.core import SegmentTable
+from prism.errors import UserError
 from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
 from prism.traces.spec import generate, load_trace
@@ -237,3 +238,19 @@ def test_traces_at_other_arrivals_reuse_their_prompts_exactly(source, data, firs
         assert made.infinite_cache_hit_rate() == fresh.infinite_cache_hit_rate()
     other = load_trace(source, {**first, "num_requests": 100}, memo)  # a content field: new prompts
     assert len(memo) == 2 and _as_rows(other) == _as_rows(load_trace(source, {**first, "num_requests": 100}))
+
+
+def test_a_materialized_trace_at_other_rates_is_read_once(tmp_path):
+    path = tmp_path / "t.jsonl"
+    fmt.save(load_trace("zipf", {"num_requests": 300}), path)
+    memo: dict = {}
+    for overrides in ({"qps": 40.0}, {"qps": 90.0}, {}):
+        made = load_trace(str(path), overrides, memo)
+        assert len(memo) == 1, "the file was read again"
+        assert _as_rows(made) == _as_rows(load_trace(str(path), overrides))
+        assert made.infinite_cache_hit_rate() == load_trace(str(path), overrides).infinite_cache_hit_rate()
+    assert _as_rows(load_trace(str(path), {"qps": 40.0, "num_requests": 50}, memo)) == _as_rows(
+        load_trace(str(path), {"qps": 40.0, "num_requests": 50}))
+    assert len(memo) == 2
+    with pytest.raises(UserError, match="cannot override 'seed'"):  # a field a file cannot take, memo or not
+        load_trace(str(path), {"qps": 40.0, "seed": 3}, memo)

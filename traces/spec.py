@@ -121,29 +121,42 @@ def is_mooncake_file(path: Path) -> bool:
 
 def load_trace(source: str, overrides: dict[str, Any] | None = None, memo: dict[str, Trace] | None = None) -> Trace:
     """Generate from a spec or read a materialized file; ``overrides`` are spec fields (``qps`` also
-    rescales a materialized trace, ``num_requests`` cuts it). ``memo``: see :func:`generate`."""
+    rescales a materialized trace, ``num_requests`` cuts it). ``memo``: see :func:`generate`; a file's requests
+    are kept by its path and ``num_requests`` (a rate only rescales them)."""
     overrides = dict(overrides or {})
     _check_overrides(overrides)
     p = resolve(source)
     if is_materialized(p) and is_mooncake_file(p):  # replay a raw Mooncake file with the default options
         return generate(parse_spec({"kind": "mooncake", **overrides, "path": str(p)}, str(p)), memo)
     if is_materialized(p):
-        t = trace_format.load(p)
-        qps = overrides.pop("qps", None)
-        n = overrides.pop("num_requests", None)
-        if overrides:
-            raise UserError(f"cannot override {unknown_keys(overrides, ())[0]} of a materialized trace "
-                            "(only qps and num_requests)", str(p))
-        if n is not None:
-            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_REQUESTS:
-                raise UserError(f"trace.num_requests must be an integer in 1..{MAX_REQUESTS}, got {n!r}", str(p))
-            t = t.head(n)
+        qps, n = overrides.pop("qps", None), overrides.pop("num_requests", None)
+        key = json.dumps(["file", str(p.resolve()), n], default=str)  # a rate only rescales the requests
+        t = memo.get(key) if memo is not None and not overrides else None
+        if t is None:
+            t = _read_file(p, n, overrides)
+            if memo is not None:
+                memo[key] = t
+                t.infinite_cache_hit_rate()
         if qps is not None:
             if not isinstance(qps, (int, float)) or isinstance(qps, bool) or not MIN_QPS <= qps <= MAX_QPS:
                 raise UserError(f"trace.qps must be a number in {MIN_QPS:g}..{MAX_QPS:g}, got {qps!r}", str(p))
             t = t.rescaled(float(qps))
         return t
     return generate(load_spec(p, overrides), memo)
+
+
+def _read_file(p: Path, n: Any, overrides: dict[str, Any]) -> Trace:
+    """A materialized trace cut to its first ``n`` requests (None: all); ``overrides``: the spec fields left
+    besides ``qps`` and ``num_requests``, which a file cannot take."""
+    t = trace_format.load(p)
+    if overrides:
+        raise UserError(f"cannot override {unknown_keys(overrides, ())[0]} of a materialized trace "
+                        "(only qps and num_requests)", str(p))
+    if n is not None:
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_REQUESTS:
+            raise UserError(f"trace.num_requests must be an integer in 1..{MAX_REQUESTS}, got {n!r}", str(p))
+        t = t.head(n)
+    return t
 
 
 def check_source(source: str, overrides: dict[str, Any] | None = None) -> None:
