@@ -315,6 +315,7 @@ class Sweep:
                 yield
             finally:
                 self._locked = False
+                os.ftruncate(fd, 0)  # the pid goes with the sweep: a finished folder holds no trace of the process
         finally:
             os.close(fd)  # releases the lock
 

@@ -244,6 +244,7 @@ def test_second_concurrent_sweep_is_refused(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "another sweep (pid 4242)" in err
     assert not (out / "summary.csv").exists()
     assert sim_main(_sweep(out)) == 0  # released
+    assert (out / ".sweep.lock").read_bytes() == b""  # the pid went with the sweep: two alike leave alike folders
 
 
 def test_sweep_without_manifest_is_not_overwritten(tmp_path, capsys):
