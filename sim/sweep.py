@@ -156,7 +156,7 @@ def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
     key = json.dumps([stamp, overrides], sort_keys=True)
     trace = _RECENT_TRACES.pop(key, None)
     if trace is None:
-        memo = _RECENT_PROMPTS.setdefault(stamp, {})
+        memo = _RECENT_PROMPTS[stamp] = _RECENT_PROMPTS.pop(stamp, {})
         trace = load_trace(source, overrides, memo)
         while len(memo) > 2:
             del memo[next(iter(memo))]
