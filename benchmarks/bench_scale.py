@@ -12,7 +12,10 @@ generates the trace, computes the trace's infinite-cache hit rate (a property of
 then times ``simulate`` alone; the process reports that wall time and its peak RSS (trace included).
 
 Printed: wall seconds, simulated requests per wall second, the growth ratios 20,480/2,048 and
-204,800/20,480 (linear cost is 10x; issue 14's target is <= 11x) and peak RSS. A point that runs past
+204,800/20,480 (linear cost is 10x; issue 14's target is <= 11x), peak RSS, and the radix nodes evicted per
+request at each size: a run whose pool fills late (2,048 requests in a GPU-sized pool) evicts less per request
+than a long one, and eviction is a share of a request's cost, so its growth ratio says how far from the
+steady state the small run is, not only how the code scales. A point that runs past
 ``--limit-s`` shows as >LIMIT (its ratios as nan) and the larger sizes of its series are skipped.
 ``--quick`` runs 512 and 5,120 requests (one ratio) to try the harness. A point's wall time is the median of
 its runs: the simulation repeats in its process while the runs total under 2 s (at most 5), so a 2,048-request
@@ -58,7 +61,8 @@ def child(args: dict) -> dict:
         walls.append(time.perf_counter() - t0)
     return {"wall_s": statistics.median(walls), "runs": len(walls), "gen_s": gen,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "throughput_rps": res.summary["throughput_rps"], "hit_rate": res.summary["hit_rate"]}
+            "throughput_rps": res.summary["throughput_rps"], "hit_rate": res.summary["hit_rate"],
+            "evicted_per_request": res.summary["counters"].get("evicted_nodes", 0) / args["size"]}
 
 
 def point(trace: str, size: int, method: str, qps: float, limit_s: float | None = None) -> dict | None:
@@ -94,7 +98,8 @@ def main() -> None:
     print(f"simulation wall time (trace generation excluded), engine.max_total_tokens=null; sizes {sizes}")
     header = (f"{'trace':22s} {'load':>10s} {'method':8s} " + " ".join(f"{'wall@' + str(n):>12s}" for n in sizes)
               + " " + " ".join(f"{'x' + str(b) + '/' + str(a):>14s}" for a, b in zip(sizes, sizes[1:]))
-              + f" {'req/s@' + str(sizes[-1]):>14s} {'peak_rss_MiB':>12s}")
+              + f" {'req/s@' + str(sizes[-1]):>14s} {'peak_rss_MiB':>12s} "
+              + " ".join(f"{'evict/req@' + str(n):>16s}" for n in sizes))
     rows = []
     for trace in args.traces.split(","):
         knee = point(trace, 2048, "fcfs", 1000.0)["throughput_rps"]
@@ -110,7 +115,8 @@ def main() -> None:
                        + " ".join(f"{w:12.2f}" if r else f"{'>' + format(args.limit_s, 'g'):>12s}"
                                   for w, r in zip(walls, res)) + " "
                        + " ".join(f"{b / a:14.1f}" for a, b in zip(walls, walls[1:]))
-                       + f" {sizes[-1] / walls[-1]:14.0f} {max(r['rss_mib'] for r in res if r):12.0f}")
+                       + f" {sizes[-1] / walls[-1]:14.0f} {max(r['rss_mib'] for r in res if r):12.0f} "
+                       + " ".join(f"{r['evicted_per_request']:16.2f}" if r else f"{'-':>16s}" for r in res))
                 rows.append(row)
                 print(row, flush=True)
     print()

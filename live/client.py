@@ -79,7 +79,8 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
             url, picked = dispatch.pick(req), True
         payload = {
             "input_ids": req.input_ids,
-            "sampling_params": {**length(req.output_len), "temperature": 0.0, "custom_params": {**req.meta, SENT_KEY: sent}, **extra},
+            "sampling_params": {**length(req.output_len), "temperature": 0.0,
+                                "custom_params": {**req.meta, SENT_KEY: sent}, **extra},
             "stream": True,
             "rid": f"prism-{req.id}",
         }

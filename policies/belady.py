@@ -66,9 +66,9 @@ class Belady(EvictionPolicy):
         return (-self.next_use(self.path_of(node)), node.last_access_time)
 
     def lowered_keys(self) -> set[str]:
-        """The sys/reusable segments of the requests admitted since the last pass. A key falls only when a path's next use
-        moves on, i.e. when the request at that use is admitted; that request's trace-order prefix is the path,
-        so the path's last segment, which owns the node, is one of the request's (whatever order it was
+        """The sys/reusable segments of the requests admitted since the last pass. A key falls only when a path's
+        next use moves on, i.e. when the request at that use is admitted; that request's trace-order prefix is the
+        path, so the path's last segment, which owns the node, is one of the request's (whatever order it was
         realigned into). Access times only grow."""
         fell, self._fell = self._fell, set()
         return fell

@@ -238,7 +238,8 @@ def read_config(path: str | None, flag: str = "--config") -> dict[str, Any]:
 def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     """Validate the whole mapping once; every error names its section and field. A section of knobs that no
     policy of the run reads is an error (see :func:`check_knobs_used`)."""
-    allowed = {"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster"} | knob_sections() | router_sections()
+    allowed = ({"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster"} | knob_sections()
+               | router_sections())
     unknown = unknown_keys(data, allowed)
     if unknown:
         raise UserError(f"unknown section {unknown[0]} (known: {', '.join(sorted(allowed))})", where)

@@ -55,7 +55,8 @@ class Node:
         self.seg_id = seg_id
 
     def __repr__(self) -> str:
-        return f"Node(place={self.place}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, lock={self.lock_ref})"
+        return (f"Node(place={self.place}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, "
+                f"lock={self.lock_ref})")
 
 
 class RadixCache:

@@ -57,7 +57,8 @@ ROW_FIELDS = ["series", "method", "scheduler", "eviction", "router", "instances"
               "evicted_tokens_reusable", "evicted_tokens_protected", "admitted_hot_lane", "admitted_cold_lane",
               "front_alignment_moves", "retractions", "reprefilled_tokens", "imbalance", "wall_s"]
 AGG_METRICS = ["ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit_rate",
-               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps", "retractions", "imbalance"]
+               "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps", "retractions",
+               "imbalance"]
 
 
 def series_name(method: str, instances: int = 1, router: str = "") -> str:
