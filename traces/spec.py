@@ -28,7 +28,7 @@ KINDS: dict[str, tuple[str, str]] = {
 }
 
 
-def generator(kind: str) -> tuple[type, Callable[[Any], Trace]]:
+def trace_kind(kind: str) -> tuple[type, Callable[[Any], Trace]]:
     """The spec dataclass of a trace kind (one of ``KINDS``) and the function that makes its prompts."""
     module, spec = KINDS[kind]
     mod = importlib.import_module(f"prism.traces.{module}")
@@ -42,7 +42,7 @@ def generate(spec: Any, memo: dict[str, Trace] | None = None) -> Trace:
     rates) keeps their prompts, by the spec's other fields: a trace whose prompts are there only draws its
     arrivals (a kind's prompts never depend on its ``ARRIVAL_FIELDS``). Their infinite-cache hit rate, which
     every run reports, is then computed once for all of them. The caller bounds the dict."""
-    make = generator(spec.kind)[1]
+    make = trace_kind(spec.kind)[1]
     if memo is None:
         return spec.arrive(make(spec))
     key = json.dumps({k: v for k, v in asdict(spec).items() if k not in spec.ARRIVAL_FIELDS}, sort_keys=True,
@@ -84,7 +84,7 @@ def parse_spec(data: Any, where: str) -> Any:
     kind = data.get("kind")
     if kind not in KINDS:
         raise UserError(f"field 'kind': unknown trace kind {kind!r} (known: {', '.join(KINDS)})", where)
-    cls, _ = generator(kind)
+    cls, _ = trace_kind(kind)
     return build(cls, data, where)
 
 

@@ -80,8 +80,8 @@ class Trace:
     def with_arrivals(self, times: np.ndarray, spec: dict[str, Any] | None = None) -> "Trace":
         """The same prompts in the same order at new arrival times (``spec``: the spec they are now of). The
         infinite-cache hit rate, a property of the prompts in that order, goes with them if computed."""
-        reqs = [Request(r.id, float(t), r.segments, r.output_len, r.session, r.fixed_order)
-                for r, t in zip(self.requests, times)]
+        reqs = [Request(r.id, t, r.segments, r.output_len, r.session, r.fixed_order)  # tolist: the same floats,
+                for r, t in zip(self.requests, np.asarray(times, dtype=float).tolist())]  # made in one call
         return Trace(reqs, self.table, self.kind, self.spec if spec is None else spec, self.meta,
                      self._infinite_hit_rate)
 
