@@ -6,12 +6,18 @@ package). The simulation is deterministic, so the results are the bytes a proces
 
 ``ADDRESS`` is what ``ray.init`` takes: ``auto`` (the cluster this machine belongs to, started with
 ``ray start``), ``ray://HOST:10001`` (a remote cluster's client server) or ``HOST:6379``; ``local`` starts a
-private Ray instance on this machine for the sweep and stops it after.
+private Ray instance on this machine for the sweep and stops it after (even where ``RAY_ADDRESS`` or an
+earlier ``ray start`` names a cluster, which ``ray.init()`` without an address would join). An address is
+probed with one TCP connection first (:func:`check_reachable`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import urllib.parse
+import warnings
 from typing import Any, Iterator
 
 from prism.errors import UserError
@@ -33,17 +39,68 @@ def ray_session(address: str) -> Iterator[Any]:
     ray = _ray()
     started = not ray.is_initialized()
     if started:
+        target = _bootstrap_address(ray, address)
+        check_reachable(target, address)
         try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            with warnings.catch_warnings():  # Ray's own warning of a client timeout: the error below says it
+                warnings.filterwarnings("ignore", "Ray Client connection timed out", UserWarning)
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
             why = " ".join(str(e).split())[:200]
+            if (target or "").startswith("ray://") and os.environ.get("RAY_AUTH_MODE") != "token":
+                # a client server that wants a token times out a client that sends none
+                why += (" (a cluster with token authentication, the default since Ray 2.59, needs"
+                        " RAY_AUTH_MODE=token and its token here: RAY_AUTH_TOKEN from `ray get-auth-token` on the"
+                        " head node)")
             raise UserError(f"cannot reach a Ray cluster: {why}", f"--ray {address}") from None
     try:
         yield ray
     finally:
         if started:
             ray.shutdown()
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def _bootstrap_address(ray, address: str) -> str | None:
+    """The ``HOST:PORT`` or ``ray://HOST:PORT`` that ``ray.init(address)`` will connect to; None where it
+    starts its own instance (``local``) or Ray finds no cluster to name (``ray.init`` then says so at once).
+    ``auto`` is resolved as Ray resolves it (``RAY_ADDRESS``, then the cluster ``ray start`` last started
+    here), by Ray's own function; should a Ray release move it, the probe is skipped, not the sweep."""
+    if address == "local":
+        return None
+    if address != "auto":
+        return address
+    try:
+        found = ray._private.services.get_ray_address_from_environment("auto", None)
+    except Exception:  # noqa: BLE001 (Ray's own error for no cluster comes from ray.init, in one line)
+        return None
+    return found if isinstance(found, str) and found not in ("", "auto", "local") else None
+
+
+def check_reachable(target: str | None, address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse a cluster address that does not accept a TCP connection within ``timeout_s``.
+
+    ``ray.init`` retries an unreachable GCS (a mistyped port, a head node that died and left its address
+    file behind) for about ten minutes, printing its own log lines, before it fails; a connection is all the
+    GCS or the client server needs to be reached at all, so one attempt here gives the user a line instead."""
+    if target is None:
+        return
+    where = f"--ray {address}"
+    rest = target.split("://", 1)[1] if "://" in target else target
+    try:
+        parts = urllib.parse.urlsplit("//" + rest)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise UserError(f"expected auto, local, HOST:PORT or ray://HOST:PORT, got {target!r}", where)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise UserError(f"cannot reach a Ray cluster at {host}:{port}: {why}", where) from None
 
 
 def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import socket
 
 import pytest
 
@@ -194,11 +195,53 @@ def test_ray_sweep_without_ray_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_ray_sweep_equals_the_process_pool(tmp_path):
+def test_ray_sweep_equals_the_process_pool(tmp_path, monkeypatch):
+    """``--ray local`` starts a private instance even where Ray would find another cluster's address (here
+    RAY_ADDRESS names a port nothing listens on, as a ``ray start`` that died leaves its address file): it
+    had joined that address, and ray.init retried it for minutes."""
     pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_closed_port()}")
     pool, on_ray = tmp_path / "pool", tmp_path / "ray"
     assert sim_main(_sweep_argv(pool, "--workers", "2")) == 0
     assert sim_main(_sweep_argv(on_ray, "--ray", "local")) == 0
     a, b = _runs(pool), _runs(on_ray)
     assert len(a) == 6 and a == b
 
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_ray_address_is_probed_before_ray_init():
+    """An address that refuses connections, cannot be resolved or is no address is one line at once; ray.init
+    would retry it for minutes. A listening port passes (any TCP server: the probe only connects)."""
+    from prism.errors import UserError
+    from prism.sim.ray_sweep import check_reachable
+
+    port = _closed_port()
+    for target, said in [(f"127.0.0.1:{port}", f"cannot reach a Ray cluster at 127.0.0.1:{port}: "),
+                         (f"ray://127.0.0.1:{port}", f"cannot reach a Ray cluster at 127.0.0.1:{port}: "),
+                         ("garbage", "expected auto, local, HOST:PORT or ray://HOST:PORT, got 'garbage'"),
+                         ("host:notaport", "expected auto, local, HOST:PORT or ray://HOST:PORT")]:
+        with pytest.raises(UserError) as e:
+            check_reachable(target, "X", timeout_s=2.0)
+        assert said in str(e.value) and e.value.where == "--ray X", (target, str(e.value))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", "X")
+        check_reachable(f"ray://127.0.0.1:{server.getsockname()[1]}", "X")
+    check_reachable(None, "local")  # nothing to probe: Ray starts its own instance
+
+
+def test_ray_sweep_to_an_unreachable_cluster_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("ray")
+    out = tmp_path / "sw"
+    assert sim_main(_sweep_argv(out, "--ray", f"127.0.0.1:{_closed_port()}")) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach a Ray cluster at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
