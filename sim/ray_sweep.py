@@ -116,4 +116,29 @@ def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)
             for ref in ready:
-                yield pending[ref], ray.get(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    raise _failed_on_ray(ray, e, address) from None
+                yield pending[ref], result
+
+
+def _failed_on_ray(ray, err: Exception, address: str) -> Exception:
+    """The error a sweep stops with when a run fails on the cluster (the runs finished so far are written, and
+    a rerun does the rest). A run's own error (a trace file missing on that node) is its one line, as in a
+    process pool; a node that cannot load the task (prism missing there, or another version: the task's
+    arguments do not unpickle) or that died under it is one line that says so; any other exception is a bug
+    in the run and keeps its traceback."""
+    where = f"--ray {address}"
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, UserError):
+        return UserError(str(cause))
+    if isinstance(err, ray.exceptions.RayTaskError) and cause is not None and not isinstance(
+            cause, (ray.exceptions.RayError, ImportError)):
+        return err
+    text = str(cause if cause is not None else err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    why = " ".join((lines[-1] if lines else type(err).__name__).split())[:200]
+    hint = ("; every node needs the same prism installed (pip install -e \".[ray]\")"
+            if isinstance(cause, (ray.exceptions.RaySystemError, ImportError)) else "")
+    return UserError(f"a run failed on the Ray cluster: {why}{hint}", where)

@@ -245,3 +245,29 @@ def test_ray_sweep_to_an_unreachable_cluster_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot reach a Ray cluster at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_run_failing_on_ray_is_one_line_unless_it_is_a_bug():
+    """What a sweep on Ray stops with when a run fails there: the run's own one-line error; a node that cannot
+    load the task (prism missing: seen on a cluster started from a venv without it) or that died, one line
+    with the cause; any other exception (a bug) unchanged, with its traceback."""
+    ray = pytest.importorskip("ray")
+    from prism.errors import UserError
+    from prism.sim.ray_sweep import _failed_on_ray
+
+    def failed(cause):
+        return ray.exceptions.RayTaskError("simulate_task", "Traceback ...", cause)
+
+    own = _failed_on_ray(ray, failed(UserError("no such file", "trace t.yaml")), "auto")
+    assert isinstance(own, UserError) and str(own) == "trace t.yaml: no such file"
+    missing = _failed_on_ray(ray, failed(ray.exceptions.RaySystemError("System error: No module named 'prism'\n"
+                                                                        "traceback: ...\nModuleNotFoundError: "
+                                                                        "No module named 'prism'")), "auto")
+    assert str(missing) == ("--ray auto: a run failed on the Ray cluster: ModuleNotFoundError: No module named "
+                            "'prism'; every node needs the same prism installed (pip install -e \".[ray]\")")
+    died = _failed_on_ray(ray, ray.exceptions.WorkerCrashedError(), "ray://h:10001")
+    assert isinstance(died, UserError) and str(died).startswith("--ray ray://h:10001: a run failed on the Ray "
+                                                                "cluster: ")
+    assert "\n" not in str(died) and "prism installed" not in str(died)
+    bug = failed(ZeroDivisionError("division by zero"))
+    assert _failed_on_ray(ray, bug, "auto") is bug
