@@ -195,6 +195,7 @@ def test_ray_sweep_without_ray_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.ray
 def test_ray_sweep_equals_the_process_pool(tmp_path, monkeypatch):
     """``--ray local`` starts a private instance even where Ray would find another cluster's address (here
     RAY_ADDRESS names a port nothing listens on, as a ``ray start`` that died leaves its address file): it
@@ -238,6 +239,7 @@ def test_a_ray_address_is_probed_before_ray_init():
     check_reachable(None, "local")  # nothing to probe: Ray starts its own instance
 
 
+@pytest.mark.ray
 def test_ray_sweep_to_an_unreachable_cluster_writes_nothing(tmp_path, capsys):
     pytest.importorskip("ray")
     out = tmp_path / "sw"
@@ -247,6 +249,7 @@ def test_ray_sweep_to_an_unreachable_cluster_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.ray
 def test_a_run_failing_on_ray_is_one_line_unless_it_is_a_bug():
     """What a sweep on Ray stops with when a run fails there: the run's own one-line error; a node that cannot
     load the task (prism missing: seen on a cluster started from a venv without it) or that died, one line
