@@ -209,7 +209,6 @@ def test_ray_sweep_equals_the_process_pool(tmp_path, monkeypatch):
     assert len(a) == 6 and a == b
 
 
-
 def _closed_port() -> int:
     """A local TCP port nothing listens on (bound, then released)."""
     with socket.socket() as s:
