@@ -88,6 +88,8 @@ def check_reachable(target: str | None, address: str, timeout_s: float = PROBE_T
     if target is None:
         return
     where = f"--ray {address}"
+    # an address auto found (RAY_ADDRESS, or the last `ray start`'s file) says where it came from
+    found = " (found by Ray: RAY_ADDRESS or the cluster `ray start` last started here)" if address == "auto" else ""
     rest = target.split("://", 1)[1] if "://" in target else target
     try:
         parts = urllib.parse.urlsplit("//" + rest)
@@ -95,12 +97,12 @@ def check_reachable(target: str | None, address: str, timeout_s: float = PROBE_T
     except ValueError:
         host = port = None
     if not host or port is None:
-        raise UserError(f"expected auto, local, HOST:PORT or ray://HOST:PORT, got {target!r}", where)
+        raise UserError(f"expected auto, local, HOST:PORT or ray://HOST:PORT, got {target!r}{found}", where)
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as e:
         why = e.strerror or str(e) or type(e).__name__
-        raise UserError(f"cannot reach a Ray cluster at {host}:{port}: {why}", where) from None
+        raise UserError(f"cannot reach a Ray cluster at {host}:{port}{found}: {why}", where) from None
 
 
 def execute_on_ray(tasks: list, address: str) -> Iterator[tuple[Any, Any]]:

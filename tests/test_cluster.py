@@ -236,6 +236,8 @@ def test_a_ray_address_is_probed_before_ray_init():
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", "X")
         check_reachable(f"ray://127.0.0.1:{server.getsockname()[1]}", "X")
     check_reachable(None, "local")  # nothing to probe: Ray starts its own instance
+    with pytest.raises(UserError, match=r"^--ray auto: expected .*, got 'garbage' \(found by Ray: RAY_ADDRESS"):
+        check_reachable("garbage", "auto")  # what auto found, not what the user typed
 
 
 @pytest.mark.ray
