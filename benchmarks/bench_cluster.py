@@ -32,7 +32,7 @@ from prism.core import Request
 from prism.settings import settings_from
 from prism.sim import cluster
 from prism.sim.run import simulate
-from prism.sim.cluster import simulate_cluster
+from prism.sim.run import simulate_cluster
 
 
 class RouterClock:

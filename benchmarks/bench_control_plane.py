@@ -25,7 +25,7 @@ from prism.errors import UserError
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.klpm import KLPM
 from prism.policies.lpm import LPM, LPMConfig
-from prism.policies.qas import QAS
+from prism.policies.qas_compiled import CompiledQAS as QAS
 from prism.sim.engine import Seq
 from prism.sim.radix_cache import RadixCache
 from prism.traces.spec import generate

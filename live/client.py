@@ -27,7 +27,7 @@ class ReplayError(RuntimeError):
 
 
 class Dispatch(Protocol):
-    """Where each request goes, for a replay against several servers (``live/cluster.py``): ``pick`` is called
+    """Where each request goes, for a replay against several servers (``live/run.py``): ``pick`` is called
     when the request is sent and returns the chosen server's URL; ``first_token`` when its first token arrives;
     ``done`` when its stream ends, however it ends."""
 

@@ -38,6 +38,7 @@ from collections import Counter, deque
 from typing import Callable
 
 from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
+from prism.policies.bookkeeping import release_window
 
 from prism.live.requests import SENT_KEY
 from prism.live.seq import LiveSeq
@@ -86,15 +87,9 @@ class LiveFrontEnd:
         (the lag is then measured). Returns the number of windows released."""
         n = 0
         while self.due(now):
-            deadline, batch = self.windows.popleft()
-            ctx = SchedContext(now, cache, (), self.hints, batch_hint=len(batch))
-            plan = self.scheduler.plan(batch, ctx)
-            for seq in plan.order:
-                seq.realign(plan.align.get(seq.id))
-                seq.lane = plan.lane(seq.id)
-                submit(seq.req)
-            self.scheduler.on_dispatch(plan.order, ctx)
-            self.counters["frontend_windows"] += 1
+            deadline, held = self.windows.popleft()
+            ctx = SchedContext(now, cache, (), self.hints, batch_hint=len(held))
+            release_window(self.scheduler, held, ctx, lambda seq: submit(seq.req), self.counters)
             if idle:
                 lag = now - deadline
                 self.lag_max_s = max(self.lag_max_s, lag)

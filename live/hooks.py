@@ -8,9 +8,9 @@ counters. The hooks, in the order of one scheduler iteration:
   (:mod:`prism.live.frontend`); retracted requests pass straight through;
 * ``Scheduler.get_next_batch_to_run`` (around): notes when the loop iteration started (the pacing anchor
   after an idle spell) and the scheduler object, and releases the front end's windows that have closed;
-* ``SchedulePolicy.calc_priority`` (around; prism's schedulers only, SGLang's own LPM/FCFS/DFS-weight run
-  unhooked): runs ``plan()`` on the waiting queue and writes ``Plan.order`` back in place, as SGLang's own
-  policies sort it; the scheduler then admits in list order;
+* ``SchedulePolicy.calc_priority`` (around): counts the round; for prism's schedulers (SGLang's own
+  LPM/FCFS/DFS-weight order the queue themselves) runs ``plan()`` on the waiting queue and writes
+  ``Plan.order`` back in place, as SGLang's own policies sort it; the scheduler then admits in list order;
 * ``Req.init_next_round_input`` (before): the scheduler is about to match and admit this request: apply the
   plan's segment order to its prompt first (the simulator realigns at the same point);
 * ``ScheduleBatch.prepare_for_extend`` (before): the requests admitted this iteration, before the batch's KV
@@ -33,14 +33,19 @@ import json
 import os
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prism.calibration.cost_model import CostModel
 from prism.core import PRIV, REUSE, SYS, SegmentedPrompt, SegmentTable
 from prism.output import write_atomic_text
+from prism.counters import RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS, hit_tokens
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
-from prism.policies.registry import Deployment, engine_scheduler, make_policies, policy_configs
+from prism.policies.bookkeeping import Bookkeeper
+from prism.policies.base import Deployment
+from prism.policies.registry import engine_scheduler, make_policies, policy_configs
+from prism.settings import RunSpec
 
 from prism.live.frontend import LiveFrontEnd
 from prism.live.pacing import Pacer
@@ -69,7 +74,7 @@ class _EmptyIndex:
         return []
 
 
-def _warm_up(scheduler) -> None:
+def prime(scheduler) -> None:
     """Plan, align and dispatch a small synthetic queue once while the server starts, so that the policy's
     compiled code (QAS's numba round: loaded from its cache in about 0.2 s, compiled in about 9 s on a cold
     cache) is ready before the run instead of stalling its first scheduling round. The caller then starts
@@ -102,30 +107,61 @@ def _plugin_time(fn):
     return timed
 
 
-def deployment(config: dict[str, Any]) -> Deployment:
-    """The run's deployment, as the plugin config carries it (absent: inside the engine)."""
-    return Deployment(**(config.get("deployment") or {}))
+@dataclass
+class PluginConfig:
+    """What the plugin in a server's scheduler process is told: a JSON file named by ``PRISM_LIVE_CONFIG``,
+    written by the run that starts the server (:meth:`of`)."""
 
+    scheduler: str
+    eviction: str
+    knobs: dict[str, Any] = field(default_factory=dict)  # section -> knob values, as the run validated them
+    deployment: dict[str, Any] = field(default_factory=dict)  # Deployment's fields (absent: inside the engine)
+    pace: dict[str, Any] | None = None  # the cost model's coefficients: pace each forward pass (the CPU twin)
+    dilation: float = 1.0
+    events: str | None = None  # the per-request event log
+    counters: str | None = None  # the counters, saved about twice a second
+    overruns: str | None = None  # batches over their paced budget
 
-def engine_scheduler_of(config: dict[str, Any]) -> str:
-    """The scheduler SGLang's scheduling round runs (behind a front end, the stock server's)."""
-    return engine_scheduler(config["scheduler"], deployment(config))
+    @classmethod
+    def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float) -> "PluginConfig":
+        """The plugin of a server serving ``spec`` (its files in ``folder``); ``pace``: at ``dilation``."""
+        return cls(spec.scheduler, spec.eviction, {k: asdict(v) for k, v in spec.policy_configs.items()},
+                   asdict(spec.deployment), spec.profile.cost.coefficients() if pace else None,
+                   dilation if pace else 1.0, str(folder / "events.jsonl"), str(folder / "counters.json"),
+                   str(folder / "overruns.jsonl"))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "PluginConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, path: Path) -> None:
+        write_atomic_text(path, json.dumps(asdict(self), indent=2))
+
+    @property
+    def run_deployment(self) -> Deployment:
+        return Deployment(**self.deployment)
+
+    @property
+    def engine_scheduler(self) -> str:
+        """The scheduler SGLang's scheduling round runs (behind a front end, the stock server's)."""
+        return engine_scheduler(self.scheduler, self.run_deployment)
 
 
 class LiveState:
     """The policy objects and bookkeeping of one scheduler process."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: PluginConfig) -> None:
         self.config = config
-        configs = policy_configs(config["scheduler"], config["eviction"], config.get("knobs") or {})
-        deploy = deployment(config)
-        warm = make_policies(config["scheduler"], config["eviction"], configs, deploy)
-        _warm_up(warm.front_end or warm.scheduler)
-        self.policies = policies = make_policies(config["scheduler"], config["eviction"], configs, deploy)
+        configs = policy_configs(config.scheduler, config.eviction, config.knobs)
+        deploy = config.run_deployment
+        warm = make_policies(config.scheduler, config.eviction, configs, deploy)
+        prime(warm.front_end or warm.scheduler)
+        self.policies = policies = make_policies(config.scheduler, config.eviction, configs, deploy)
         self.scheduler, self.eviction, self.hints = policies.scheduler, policies.eviction, policies.hints
-        self.native = engine_scheduler_of(config) in NATIVE_SCHEDULERS
+        self.native = config.engine_scheduler in NATIVE_SCHEDULERS
         self.counters: Counter = Counter()
-        dilation = float(config.get("dilation", 1.0))
+        self.books = Bookkeeper(policies.scheduler, policies.eviction, policies.hints, self.counters)
+        dilation = float(config.dilation)
         self.front = (LiveFrontEnd(policies.front_end, deploy.window_s * dilation, self.hints, self.counters)
                       if policies.front_end is not None else None)
         self.enqueue = None  # SGLang's own Scheduler._add_request_to_queue (front end: the release goes there)
@@ -133,12 +169,11 @@ class LiveState:
         self.sched = None  # SGLang's Scheduler object, once seen
         self.plan = None
         self.iteration_start = 0.0
-        pace = config.get("pace")
-        self.pacer = Pacer(CostModel(**pace), dilation, self.counters) if pace else None
-        self.events_path = Path(config["events"]) if config.get("events") else None
-        self.counters_path = Path(config["counters"]) if config.get("counters") else None
+        self.pacer = Pacer(CostModel(**config.pace), dilation, self.counters) if config.pace else None
+        self.events_path = Path(config.events) if config.events else None
+        self.counters_path = Path(config.counters) if config.counters else None
         self._events = self.events_path.open("a", buffering=1 << 16) if self.events_path else None
-        self._overruns = Path(config["overruns"]).open("a") if config.get("overruns") else None
+        self._overruns = Path(config.overruns).open("a") if config.overruns else None
         self._starts: dict[int, float] = {}
         self._saved = 0.0
         self.plugin_parts: Counter = Counter()  # the same by hook
@@ -163,26 +198,19 @@ class LiveState:
                 continue
             seq.admitted = True
             admitted.append(seq)
-            self.hints.admit(seq.shared_ids())
-            self.eviction.on_admit(seq)
-            if len(req.output_ids):  # retracted earlier: prefilled again with its output (the simulator's counters)
-                hit = int(req.prefix_len)
-                self.counters["reprefill_hit_tokens"] += hit
-                self.counters["reprefilled_tokens"] += len(req.full_untruncated_fill_ids) - hit
-            else:  # hits by tier of first admissions, as the request's reported hit
+            hit, again = int(req.prefix_len), len(req.output_ids) > 0  # again: retracted, prefilled again
+            if not again:  # hits by tier of first admissions, as the request's reported hit
                 self._count_hit(req)
-            if not seq.lane:  # a front end labelled it; a retracted request keeps its first lane (as simulated)
-                seq.lane = self.plan.lane(seq.id) if self.plan is not None and not self.native else DEFAULT_LANE
-            self.counters[f"admitted_{seq.lane}_lane"] += 1
-            self.counters["front_alignment_moves"] += seq.realigned
+            lane = self.plan.lane(seq.id) if self.plan is not None and not self.native else DEFAULT_LANE
+            self.books.admit(seq, lane, hit, len(req.full_untruncated_fill_ids) - hit if again else 0, again)
         if admitted and not self.native:
-            self.scheduler.on_dispatch(admitted, self.context())
+            self.books.dispatched(admitted, self.context())
 
     def _count_hit(self, req) -> None:
         node, root = req.last_node, self.cache.root_node if self.cache is not None else None
         while node is not None and node is not root:
-            if getattr(node, "serial", None) is not None:
-                self.counters[f"hit_tokens_{self.eviction.tier(node)}"] += len(node.key)
+            if getattr(node, "created", None) is not None:
+                self.counters[hit_tokens(self.eviction.tier(node))] += len(node.key)
             node = node.parent
 
     def reset(self) -> None:
@@ -205,7 +233,7 @@ class LiveState:
         if seq is None or not seq.admitted:
             return
         seq.admitted = False
-        self.hints.release(seq.shared_ids())
+        self.books.release(seq)
 
     # ---------------------------------------------------------------- events and counters
     def log_batch(self, batch, start: float, end: float) -> None:
@@ -257,7 +285,7 @@ class LiveState:
         out["scheduler_cpu_ms"] = round(self.scheduler_s * 1e3, 3)
         own = self.scheduler_s - plugin_s
         out["plugin_overhead"] = round(plugin_s / own, 5) if own > 0 else 0.0
-        out["scheduler"], out["eviction"] = self.config["scheduler"], self.config["eviction"]
+        out["scheduler"], out["eviction"] = self.config.scheduler, self.config.eviction
         return out
 
     def save_counters(self) -> None:
@@ -271,7 +299,7 @@ _state: LiveState | None = None
 def state() -> LiveState:
     global _state
     if _state is None:
-        _state = LiveState(json.loads(Path(os.environ[CONFIG_ENV]).read_text()))
+        _state = LiveState(PluginConfig.read(os.environ[CONFIG_ENV]))
     return _state
 
 
@@ -330,6 +358,9 @@ def _release_windows(st: LiveState, sched) -> None:
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
     st = state()
+    st.counters[SCHEDULING_ROUNDS] += 1
+    if st.native:  # SGLang's own LPM, FCFS or DFS-weight orders the queue
+        return orig(policy, waiting_queue, *args, **kwargs)
     now = time.monotonic()
     views, others = [], []
     for req in waiting_queue:
@@ -344,7 +375,6 @@ def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
 def _plan(st: LiveState, views, others, waiting_queue) -> None:
     plan = st.scheduler.plan(views, st.context())
     st.plan = plan
-    st.counters["rounds"] += 1
     waiting_queue[:] = [s.req for s in plan.order] + others
     return None
 
@@ -393,8 +423,8 @@ def after_retract(result, batch, *args, **kwargs):
     (:meth:`LiveSeq.movable`); the cache's ``on_release`` already took it out of the active counts."""
     retracted = result[0]
     counters = state().counters
-    counters["retractions"] += len(retracted)
-    counters["retracted_output_tokens"] += sum(len(r.output_ids) for r in retracted)
+    counters[RETRACTIONS] += len(retracted)
+    counters[RETRACTED_OUTPUT_TOKENS] += sum(len(r.output_ids) for r in retracted)
     return None
 
 
@@ -411,9 +441,9 @@ def install(config_path: str) -> None:
     from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    config = json.loads(Path(config_path).read_text())
-    engine_sched = engine_scheduler_of(config)
-    lpm = (config.get("knobs") or {}).get("lpm")
+    config = PluginConfig.read(config_path)
+    engine_sched = config.engine_scheduler
+    lpm = config.knobs.get("lpm")
     if engine_sched in NATIVE_SCHEDULERS and lpm:  # prism's LPM knobs are SGLang's constants
         from sglang.srt.managers import schedule_policy
 
@@ -430,10 +460,10 @@ def install(config_path: str) -> None:
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.prepare_for_extend", before_prepare_for_extend,
                           HookType.BEFORE)
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.retract_decode", after_retract, HookType.AFTER)
-    if deployment(config).front_end:
+    if config.run_deployment.front_end:
         HookRegistry.register(f"{s}._add_request_to_queue", around_add_to_queue, HookType.AROUND)
+    HookRegistry.register(f"{m}.schedule_policy.SchedulePolicy.calc_priority", around_calc_priority,
+                          HookType.AROUND)  # prism's schedulers order the queue; every round is counted
     if engine_sched not in NATIVE_SCHEDULERS:
-        HookRegistry.register(f"{m}.schedule_policy.SchedulePolicy.calc_priority", around_calc_priority,
-                              HookType.AROUND)
         HookRegistry.register(f"{m}.schedule_batch.Req.init_next_round_input", before_init_next_round,
                               HookType.BEFORE)

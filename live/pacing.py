@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Sequence
 
 from prism.calibration.cost_model import CostModel
+from prism.counters import PACED_BATCHES, PACED_OVER_BUDGET, paced_over_budget
 
 SPIN_S = 0.0005
 
@@ -57,11 +58,11 @@ class Pacer:
         target = anchor + budget
         self._target_end = target
         now = time.monotonic()
-        self.counters["paced_batches"] += 1
+        self.counters[PACED_BATCHES] += 1
         if now > target:
             over = self.overrun_s = now - target
-            self.counters["paced_over_budget"] += 1
-            self.counters[f"paced_over_budget_{self._kind}"] += 1
+            self.counters[PACED_OVER_BUDGET] += 1
+            self.counters[paced_over_budget(self._kind)] += 1
             self.max_overrun_s = max(self.max_overrun_s, over)
             self._target_end = now
             return now

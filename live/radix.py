@@ -12,7 +12,10 @@ evicted first). :class:`PrismRadixCache` subclasses that classic tree and:
   needs anchors, a newly inserted branch is split at every page-aligned segment boundary;
 * hands the ownership to the new upper node of a split (SGLang's ``_split_node`` copies only its own
   fields), keeps the per-segment count of resident nodes DART ranks, counts evicted tokens by tier, and
-  tells the engine state when a request leaves (``on_release``).
+  tells the engine state when a request leaves (``on_release``);
+* keeps a peek index (:class:`PeekIndex`): the tree's shape with each edge in token bytes, which a
+  scheduler's peeks (``match_len``, ``match_path``) walk by the project's one prefix walk, without SGLang's
+  side effects (its ``match_prefix`` splits and touches).
 
 The request being matched or inserted gives the layout: SGLang passes it to ``match_prefix`` and
 ``checkpoint``; inserts between them (tests, warm-up) may give one with :meth:`PrismRadixCache.with_layout`.
@@ -29,8 +32,10 @@ import numpy as np
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 from prism.core import PRIV, TOKEN_DTYPE
-from prism.policies.anchors import ResidentSegments, owner, pieces
+from prism.counters import EVICTED_NODES, EVICTED_TOKENS
+from prism.policies.anchors import ResidentSegments, hand_over, owner, pieces, split_owner
 from prism.policies.base import EvictionPolicy
+from prism.policies.prefix_tree import PrefixTree
 
 from prism.live.seq import LiveSeq
 
@@ -42,7 +47,48 @@ class _PolicyStrategy:
         self.policy = policy
 
     def get_priority(self, node) -> tuple:
-        return (self.policy.key(node), node.serial)
+        return (self.policy.key(node), node.created)
+
+
+class _PeekNode:
+    """A node of the peek index: its SGLang node's edge as token bytes, its children by their first page, and
+    the position and end depth a peek reports."""
+
+    __slots__ = ("children", "key", "position", "depth")
+
+    def __init__(self, key: bytes, position: int, depth: int) -> None:
+        self.children: dict[bytes, _PeekNode] = {}
+        self.key, self.position, self.depth = key, position, depth
+
+
+class PeekIndex(PrefixTree):
+    """SGLang's tree's shape in token bytes: every tagged SGLang node has its ``_PeekNode`` (``node.peek``),
+    updated where the cache adds, splits or deletes nodes. Peeks only: it is never split by a walk."""
+
+    def __init__(self, page_size: int) -> None:
+        super().__init__(page_size)
+        self.root = _PeekNode(b"", 0, 0)
+
+    def attach(self, node) -> None:
+        """Index a newly tagged SGLang ``node`` under its parent's entry."""
+        key = _token_bytes(node.key)
+        node.peek = _PeekNode(key, node.position, node.depth)
+        node.parent.peek.children[key[:self._pb]] = node.peek
+
+    def split(self, upper, lower) -> None:
+        """SGLang split a tagged node: ``upper`` (newly tagged) takes its entry; ``lower`` hangs from it."""
+        self.attach(upper)
+        peek = lower.peek
+        peek.key, peek.position = peek.key[len(upper.peek.key):], lower.position
+        upper.peek.children[peek.key[:self._pb]] = peek
+
+    def detach(self, node) -> None:
+        del node.parent.peek.children[node.peek.key[:self._pb]]
+
+
+def _token_bytes(key) -> bytes:
+    """An SGLang ``RadixKey``'s token ids as prompt token bytes (int32: the client validates the vocabulary)."""
+    return np.frombuffer(key.token_ids, dtype=np.int64)[:len(key)].astype(TOKEN_DTYPE).tobytes()
 
 
 class PrismRadixCache(RadixCache):
@@ -60,6 +106,7 @@ class PrismRadixCache(RadixCache):
         self._serial = 0
         self.plugin_s = 0.0  # CPU time in prism's part of the cache: protection sets and anchor tagging
         self.resident = ResidentSegments()
+        self.index: PeekIndex | None = None  # made by reset, which SGLang's __init__ calls
         super().__init__(params)
         self.eviction_strategy = _PolicyStrategy(policy)
 
@@ -67,20 +114,25 @@ class PrismRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self.resident = ResidentSegments()
+        self.index = PeekIndex(self.page_size)
         root = self.root_node
-        root.kind, root.seg_id, root.depth, root.serial, root.place = "sys", "", 0, 0, 0
+        root.kind, root.seg_id, root.depth, root.created, root.position = "sys", "", 0, 0, 0
+        root.peek = self.index.root
         if self._on_reset is not None:  # /flush_cache: a new run starts
             self._on_reset()
 
-    def _tag(self, node, kind: str, seg: str, depth: int, place: int | None = None) -> None:
-        """Give a node its owner segment, its end depth, a creation serial (eviction ties, as in the
-        simulator) and a place: a position in the tree, new unless given (a split's upper part takes the
-        place of the node it splits, so siblings sorted by place are in SGLang's child order)."""
-        self._serial += 1
-        node.serial = self._serial
-        node.place = self._serial if place is None else place
+    def _own(self, node, kind: str, seg: str, depth: int) -> None:
+        """Give a node its owner segment and end depth (its ``created`` and ``position`` are set)."""
         node.kind, node.seg_id, node.depth = kind, seg, depth
         self.resident.add(kind, seg)
+
+    def _tag(self, node, kind: str, seg: str, depth: int) -> None:
+        """Tag a new node: owner, end depth, a creation number (eviction ties, as in the simulator) and a new
+        position; index it for peeks."""
+        self._serial += 1
+        node.created = node.position = self._serial
+        self._own(node, kind, seg, depth)
+        self.index.attach(node)
 
     @contextmanager
     def with_layout(self, layout):
@@ -93,14 +145,14 @@ class PrismRadixCache(RadixCache):
 
     def _split_node(self, key, child, split_len: int):
         upper = super()._split_node(key, child, split_len)
-        if getattr(child, "serial", None) is None:  # a branch of this insert: tagged by _own_path
-            upper.serial = None
+        if getattr(child, "created", None) is None:  # a branch of this insert: tagged by _own_path
+            upper.created = None
             return upper
         depth = child.depth - len(child.key)  # child.key is already the lower part
-        kind, seg = self._owner(depth) if self._layout else (child.kind, child.seg_id)
-        place = child.place
-        self._tag(upper, kind, seg, depth, place)
-        child.place = self._serial  # the lower part moves to a new place (as in the simulator's tree)
+        self._serial += 1
+        hand_over(upper, child, self._serial)  # as in the simulator's tree
+        self._own(upper, *split_owner(self._layout, depth, child), depth)
+        self.index.split(upper, child)
         return upper
 
     def _owner(self, end: int) -> tuple[str, str]:
@@ -110,7 +162,7 @@ class PrismRadixCache(RadixCache):
         """Tag the untagged nodes on the path to ``last`` (a new branch), top-down, each with the segment that
         holds its last token; with anchors the branch is first cut at each page-aligned segment boundary."""
         path, node = [], last
-        while node is not self.root_node and getattr(node, "serial", None) is None:
+        while node is not self.root_node and getattr(node, "created", None) is None:
             path.append(node)
             node = node.parent
         if not path:
@@ -158,9 +210,10 @@ class PrismRadixCache(RadixCache):
         return super().evict(params)
 
     def _delete_leaf(self, node) -> None:
-        self.counters[f"evicted_tokens_{self.policy.tier(node)}"] += len(node.key)
-        self.counters["evicted_nodes"] += 1
+        self.counters[EVICTED_TOKENS[self.policy.tier(node)]] += len(node.key)
+        self.counters[EVICTED_NODES] += 1
         self.resident.remove(node.kind, node.seg_id)
+        self.index.detach(node)
         super()._delete_leaf(node)
 
     def on_release(self, req, *, checkpointed: bool) -> None:
@@ -170,30 +223,10 @@ class PrismRadixCache(RadixCache):
 
     # ------------------------------------------------------------ prefix index for schedulers
     def match_len(self, key: bytes) -> int:
-        """Cached tokens of ``key`` (int32 token bytes), walking the children without SGLang's side effects
-        (its ``match_prefix`` splits and touches): the PrefixIndex a prism scheduler reads."""
-        return self._peek(key)[0]
+        """Cached tokens of ``key`` (int32 token bytes): the PrefixIndex a prism scheduler reads."""
+        return self.index.match_len(key)
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(place, end depth) of the nodes the cached part of ``key`` runs through (the PrefixIndex
-        protocol: siblings sorted by place are in SGLang's child order)."""
-        return self._peek(key)[1]
-
-    def _peek(self, key: bytes) -> tuple[int, list[tuple[int, int]]]:
-        ids = np.frombuffer(key, dtype=TOKEN_DTYPE).astype(np.int64)
-        page = self.page_size
-        node, pos, n, path = self.root_node, 0, len(ids) - len(ids) % page, []
-        while pos < n:
-            child = node.children.get(int(ids[pos]) if page == 1 else tuple(ids[pos:pos + page].tolist()))
-            if child is None:
-                break
-            path.append((child.place, child.depth))
-            edge = np.frombuffer(child.key.token_ids, dtype=np.int64)[:len(child.key)]
-            m = min(len(edge), n - pos)
-            diff = np.flatnonzero(edge[:m] != ids[pos:pos + m])
-            k = int(diff[0]) if len(diff) else m
-            pos += k - k % page
-            if k < len(edge):
-                break
-            node = child
-        return pos, path
+        """(position, end depth) of the nodes the cached part of ``key`` runs through (the PrefixIndex
+        protocol: siblings sorted by position are in SGLang's child order)."""
+        return self.index.match_path(key)

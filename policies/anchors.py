@@ -76,6 +76,21 @@ def pieces(layout: Layout | None, start: int, end: int, page_size: int, anchors:
     return out
 
 
+def split_owner(layout: Layout | None, end: int, lower) -> tuple[str, str]:
+    """(kind, segment id) of a split's new upper node, which ends at prompt offset ``end``: by :func:`owner`
+    from the layout of the prompt that split it, else that of the node it was cut from (``lower``: an
+    insertion without segments keeps what the tree knew)."""
+    return owner(layout, end) if layout else (lower.kind, lower.seg_id)
+
+
+def hand_over(upper, lower, number: int) -> None:
+    """Where a split's two parts stand: the new ``upper`` part takes over ``lower``'s position among its
+    siblings (so siblings sorted by position keep the order their keys entered the parent: SGLang's child
+    order) and is the newer node (creation ``number``); ``lower`` moves to a new position, ``number``."""
+    upper.position = lower.position
+    upper.created = lower.position = number
+
+
 class ResidentSegments(dict):
     """Segment id -> resident nodes it owns, over the ``sys`` and reusable segments (what DART ranks; private
     nodes are not counted). A cache calls :meth:`add` for every node it makes and :meth:`remove` for every node
@@ -94,4 +109,4 @@ class ResidentSegments(dict):
                 del self[seg_id]
 
 
-__all__ = ["Layout", "Piece", "owner", "pieces", "ResidentSegments"]
+__all__ = ["Layout", "Piece", "owner", "pieces", "split_owner", "hand_over", "ResidentSegments"]

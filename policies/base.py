@@ -11,6 +11,10 @@ A :class:`Scheduler` returns a :class:`Plan` (an order, plus new segment orders 
 realigns); an :class:`EvictionPolicy` returns a sort key (smallest is evicted first). Neither owns engine
 state. The two talk through :class:`DemandHints`, which the engine keeps up to date with the active segment
 counts and which a demand-aware scheduler (QAS) fills with its published priorities.
+
+Every policy class declares what the registry (``policies/registry.py``) needs of it (:class:`Policy`): its
+name, its knob dataclass and how a run builds one; a scheduler also says how it is deployed
+(:class:`Deployment`).
 """
 
 from __future__ import annotations
@@ -22,15 +26,55 @@ from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runti
 from prism.core import PRIV, REUSE, SYS, Segment
 
 
+class Policy:
+    """What the registry reads of a policy class.
+
+    ``name``: the name runs use (``--scheduler NAME``, ``--eviction NAME``, ``--router NAME``); ``Knobs``: its
+    knob dataclass (None: no knobs), filled from the YAML / ``--set`` section ``section`` (default: the name;
+    DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run."""
+
+    name = ""
+    Knobs: type | None = None
+    section: str | None = None
+
+    @classmethod
+    def knob_section(cls) -> str | None:
+        return None if cls.Knobs is None else (cls.section or cls.name)
+
+    @classmethod
+    def build(cls, knobs: Any, hints: "DemandHints", requests: Sequence[Any]) -> "Policy":
+        """A policy for one run: ``knobs`` the validated dataclass (None without knobs), ``hints`` the run's
+        demand hints, ``requests`` the trace (only an offline reference reads it)."""
+        return cls(knobs) if cls.Knobs is not None else cls()
+
+
+IN_ENGINE = "in_engine"
+FRONT_END = "front_end"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How a scheduler meets the engine: ``in_engine`` (it orders the engine's waiting queue at every
+    scheduling round), or ``front_end`` (it orders each window of ``window_s`` seconds of arrivals, which then
+    reach an unmodified engine with a stock server's scheduler)."""
+
+    mode: str = IN_ENGINE
+    window_s: float = 0.0
+
+    @property
+    def front_end(self) -> bool:
+        return self.mode == FRONT_END
+
+
 @runtime_checkable
 class PrefixIndex(Protocol):
     def match_len(self, key: bytes) -> int:
         """Tokens of ``key`` (int32 token bytes) that are cached, as a side-effect-free peek."""
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(place, end depth) of the cache nodes the cached part of ``key`` runs through (root excluded; the
-        last may be matched only in part), a peek too. A place names a position in the tree (a split's upper
-        part keeps it): sibling nodes sorted by place are in the order SGLang's tree keeps its children."""
+        """(position, end depth) of the cache nodes the cached part of ``key`` runs through (root excluded; the
+        last may be matched only in part), a peek too. A position names a place in the tree (a split's upper
+        part keeps it): sibling nodes sorted by position are in the order SGLang's tree keeps its children."""
 
 
 class WaitingRequest(Protocol):
@@ -173,8 +217,13 @@ class Plan:
         return self.lanes.get(request_id, DEFAULT_LANE)
 
 
-class Scheduler:
+class Scheduler(Policy):
     """Orders the waiting queue; subclasses override :meth:`plan`."""
+
+    @classmethod
+    def deployment(cls, knobs: Any) -> Deployment:
+        """How the scheduler is deployed with these knobs (default: inside the engine)."""
+        return Deployment()
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         raise NotImplementedError
@@ -191,7 +240,7 @@ def tier_of(node: NodeView) -> str:
     return "private" if node.kind == PRIV else "reusable"
 
 
-class EvictionPolicy:
+class EvictionPolicy(Policy):
     """Gives each evictable node a sort key; the smallest key is evicted first.
 
     ``needs_anchors``: the cache must split nodes at segment boundaries so that each node belongs to one
@@ -202,6 +251,10 @@ class EvictionPolicy:
 
     def __init__(self, hints: DemandHints | None = None) -> None:
         self.hints = hints or DemandHints()
+
+    @classmethod
+    def build(cls, knobs: Any, hints: DemandHints, requests: Sequence[Any]) -> "EvictionPolicy":
+        return cls(knobs, hints) if cls.Knobs is not None else cls(hints)
 
     def prepare(self, cache: "ResidentIndex") -> None:
         """Called before each eviction pass (a policy may derive per-pass state, e.g. a protection set)."""
@@ -225,6 +278,6 @@ class EvictionPolicy:
         return tier_of(node)
 
 
-__all__ = ["PrefixIndex", "ResidentIndex", "WaitingRequest", "NodeView", "DemandHints", "SchedContext", "Plan",
-           "DEFAULT_LANE",
-           "Scheduler", "EvictionPolicy", "tier_of", "SYS", "REUSE", "PRIV"]
+__all__ = ["Policy", "Deployment", "IN_ENGINE", "FRONT_END", "PrefixIndex", "ResidentIndex", "WaitingRequest",
+           "NodeView", "DemandHints", "SchedContext", "Plan", "DEFAULT_LANE", "Scheduler", "EvictionPolicy", "tier_of",
+           "SYS", "REUSE", "PRIV"]

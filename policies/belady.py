@@ -21,7 +21,12 @@ from prism.policies.base import EvictionPolicy, NodeView, WaitingRequest
 
 
 class Belady(EvictionPolicy):
+    name = "belady"
     needs_anchors = True
+
+    @classmethod
+    def build(cls, knobs, hints, requests) -> "Belady":
+        return cls(requests)  # the oracle reads the whole trace; the registry hands it the run's hints
 
     def __init__(self, requests: Sequence[Request]) -> None:
         super().__init__()

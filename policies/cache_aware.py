@@ -60,6 +60,9 @@ def imbalanced(loads: Sequence[int], cfg: CacheAwareConfig) -> bool:
 
 
 class CacheAware(Router):
+    name = "cache_aware"
+    Knobs = CacheAwareConfig
+
     def __init__(self, cfg: CacheAwareConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg or CacheAwareConfig()

@@ -193,6 +193,9 @@ class ContextPilot(Scheduler):
     request's placement (search path and new order, once per request and tree) and the queue in its order;
     a round places only the requests it has not seen (all of them after a rebuild of the tree)."""
 
+    name = "contextpilot"
+    Knobs = ContextPilotConfig
+
     def __init__(self, config: ContextPilotConfig | None = None) -> None:
         self.config = config or ContextPilotConfig()
         self.history: OrderedDict[tuple[str, ...], None] = OrderedDict()

@@ -33,6 +33,8 @@ class DARTConfig:
 
 
 class DART(EvictionPolicy):
+    name = "dart"
+    Knobs = DARTConfig
     needs_anchors = True
 
     def __init__(self, config: DARTConfig | None = None, hints: DemandHints | None = None) -> None:

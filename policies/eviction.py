@@ -11,6 +11,8 @@ from prism.policies.base import EvictionPolicy, NodeView
 class LRU(EvictionPolicy):
     """Least recently used leaf first: SGLang's default."""
 
+    name = "lru"
+
     def key(self, node: NodeView) -> tuple:
         return (node.last_access_time,)
 
@@ -20,6 +22,8 @@ class LRU(EvictionPolicy):
 
 class LFU(EvictionPolicy):
     """Least often hit first, least recently used among equals."""
+
+    name = "lfu"
 
     def key(self, node: NodeView) -> tuple:
         return (node.hit_count, node.last_access_time)
@@ -31,6 +35,7 @@ class LFU(EvictionPolicy):
 class LRUActive(EvictionPolicy):
     """LRU, but nodes of segments that running requests contain (a(r) > 0) go after all others."""
 
+    name = "lru_active"
     needs_anchors = True
 
     def __init__(self, hints=None) -> None:

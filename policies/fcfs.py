@@ -8,6 +8,8 @@ from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 
 
 class FCFS(Scheduler):
+    name = "fcfs"
+
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         # the queue is in arrival order already, as in SGLang, whose FCFS does not sort: a retracted request
         # rejoins at the back. It is handed back itself, so that an engine drops the admitted head in place

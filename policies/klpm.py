@@ -27,6 +27,9 @@ class KLPMConfig:
 
 
 class KLPM(Scheduler):
+    name = "klpm"
+    Knobs = KLPMConfig
+
     def __init__(self, config: KLPMConfig | None = None) -> None:
         self.config = config or KLPMConfig()
         self.admitted = 0  # admissions so far, across rounds

@@ -10,6 +10,8 @@ from prism.policies.routing import InstanceView, Router, argmin_from, outstandin
 
 
 class LeastLoad(Router):
+    name = "least_load"
+
     def __init__(self) -> None:
         super().__init__()
         self.last = -1

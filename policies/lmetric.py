@@ -46,6 +46,8 @@ class LMetricConfig:
 
 
 class LMetric(Router):
+    name = "lmetric"
+    Knobs = LMetricConfig
     reads_queued_prefill = True
 
     def __init__(self, cfg: LMetricConfig | None = None) -> None:

@@ -31,6 +31,9 @@ class LPMConfig:
 
 
 class LPM(Scheduler):
+    name = "lpm"
+    Knobs = LPMConfig
+
     def __init__(self, config: LPMConfig | None = None) -> None:
         self.config = config or LPMConfig()
 
@@ -65,15 +68,18 @@ class DFSWeight(LPM):
     (ties: the older child) and emits a place's own requests after its subtree.
 
     SGLang's match splits a partly matched node, so a match that ends inside a node ends at a place of its
-    own, above the node's remainder. Matching here is a peek, so a place is (the cache node's place, depth):
+    own, above the node's remainder. Matching here is a peek, so a place is (the cache node's position, depth):
     the node itself at its end depth, or a split point inside it."""
+
+    name = "dfs_weight"
+    section = "lpm"  # LPM's knobs
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if len(waiting) > self.config.fcfs_threshold:
             return Plan(waiting if isinstance(waiting, list) else list(waiting))  # the queue itself: no copy
         root = (0, 0)
         ends = []  # per request: the matched path and length
-        cuts: dict[int, set[int]] = defaultdict(set)  # node place -> depths where a match ends inside it
+        cuts: dict[int, set[int]] = defaultdict(set)  # node position -> depths where a match ends inside it
         for r in waiting:
             path, m = ctx.cache.match_path(r.key), ctx.cache.match_len(r.key)
             if path and m <= (path[-2][1] if len(path) > 1 else 0):

@@ -1,10 +1,11 @@
-"""QAS, the query-aware scheduler (DESIGN §3).
+"""QAS, the query-aware scheduler (DESIGN §3), as plain named steps: the definition to read and to change.
 
-Every round it ranks segments by demand, aligns each waiting prompt so that its most demanded reusable
+Every round QAS ranks segments by demand, aligns each waiting prompt so that its most demanded reusable
 segments come first (so that requests which share them also share a *prefix*), buckets requests by their
-leading segment, and orders the queue: a short FIFO cold lane (the oldest requests, so nobody starves), then
-the hot lane, bucket by bucket in descending score, FIFO inside a bucket. QAS only orders; the engine's own
-budgets decide how many requests are admitted.
+leading segments, and orders the queue: a short FIFO cold lane (the oldest requests, so nobody starves),
+then the hot lane, bucket by bucket in descending score, FIFO inside a bucket. QAS only orders; the engine's
+own budgets decide how many requests are admitted. After the engine admits, QAS predicts the next batch and
+publishes its segment priorities to the eviction policy (DART).
 
 Priority of segment r with respect to a reference batch B::
 
@@ -21,7 +22,8 @@ Choices the design leaves open, made here:
   reading ranked them by P(r; B̂), B̂ the batch predicted in the previous round: measured on zipf and
   zipf-shuffled at 40-80 QPS, 3 seeds, in-engine, it was never better and lost up to 0.4 hit points, so it
   is gone; the predicted batch is still computed and shown as ``next_counter``.) Ties between equal
-  priorities go to the segment QAS saw first, one global order, so requests with the same segments align to
+  priorities go to the segment QAS saw first, one global order (a request's reusable segments in prompt
+  order, then its system prompt, as requests are first seen), so requests with the same segments align to
   the same order;
 * a bucket's reusable segments are the union of its requests' segments; its provisional hot-lane batch is
   its first ``batch_hint`` requests (the engine's free running slots; all of them when unknown);
@@ -38,31 +40,23 @@ Choices the design leaves open, made here:
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
-Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), in one compiled call
-(``policies.qas_round.plan_round``) of three passes over the queue: counters and priorities; signatures;
-buckets, scores and lanes. Buckets and the FIFO order come from counting sorts (rows are numbered in FIFO
-order), bucket ranking from a sort of the buckets; no all-pairs work. Front alignment (a sort of one
-request's few segments) runs only for the requests the engine admits. Per request, QAS keeps its segment
-indices in a matrix row registered once, on the request's first round. Finding the rows of a queue is a
-lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
-queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
-the part of the queue that matches it.
+This class is written for reading: each step is a short method over dicts and lists, O(S log S) in queued
+segment occurrences S. The registry runs :class:`~prism.policies.qas_compiled.CompiledQAS`, the same rounds
+as compiled passes over a request matrix (49-69x faster); ``tests/test_qas.py`` holds the two equal, round
+after round, on random queues. A change to QAS's definition is made here first, then in the compiled passes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from prism.config import nonneg, positive
 from prism.core import PRIV, REUSE
+from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
-from prism.policies.base import DemandHints, LazyAlignment, Plan, SchedContext, Scheduler, WaitingRequest
-from prism.policies.qas_round import Params, Prompts, Round, aligned_row, changes, dispatch, plan_round
+from prism.policies.base import FRONT_END, Deployment, DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
 
 
 @dataclass
@@ -82,309 +76,147 @@ class QASConfig:
                                       "starvation bound)")
 
 
-class RequestTable:
-    """Each request's segment indices in a growing matrix, registered on first sight.
-
-    Column 0 holds the request's system segment (-1 without one), the rest its reusable segments in prompt
-    order (-1 padded): the counters read the whole row, signatures and utilities only the reusable part.
-    Rows are numbered in registration order; while requests are first seen in FIFO (arrival, id) order, as
-    an engine's queue shows them, the row number *is* the FIFO position and no round sorts by age.
-    """
-
-    def __init__(self) -> None:
-        self.segment_index: dict[str, int] = {}  # segment id -> index, in first-seen order
-        self.segment_names: list[str] = []  # index -> segment id
-        self.row_of: dict[int, int] = {}  # request id -> row
-        self.n_rows = 0
-        self.segments = np.full((64, 9), -1, dtype=np.int64)
-        self.n_reusable = np.zeros(64, dtype=np.int64)
-        self.fixed_order = np.zeros(64, dtype=bool)
-        self.arrival = np.zeros(64)
-        self.request_id = np.zeros(64, dtype=np.int64)
-        self.width = 1  # columns in use: 1 + the most reusable segments of a row
-        self.prompts = self._prompts()
-        self.rows_in_fifo_order = True  # rows were registered in (arrival, id) order
-        self._expected: tuple[Sequence[WaitingRequest], np.ndarray] = ((), np.zeros(0, dtype=np.int64))
-        self._last_registered = (-np.inf, -1)  # (arrival, id) of the last registered request
-
-    def _index(self, name: str) -> int:
-        i = self.segment_index.get(name)
-        if i is None:
-            i = self.segment_index[name] = len(self.segment_names)
-            self.segment_names.append(name)
-        return i
-
-    def _grow(self, rows: int, cols: int) -> None:
-        n = self.n_rows
-        segments = np.full((rows, cols), -1, dtype=np.int64)
-        segments[:n, :self.segments.shape[1]] = self.segments[:n]
-        self.segments = segments
-        for name in ("n_reusable", "fixed_order", "arrival", "request_id"):
-            old = getattr(self, name)
-            new = np.zeros(rows, dtype=old.dtype)
-            new[:n] = old[:n]
-            setattr(self, name, new)
-
-    def add(self, requests: Sequence[WaitingRequest]) -> None:
-        """Register requests not seen before, in the given order (one block write for all of them)."""
-        index, block, n_reusable = self._index, [], []
-        last = self._last_registered
-        for r in requests:  # segments numbered as seen: a request's reusable ones, then its system segment
-            row, system = [-1], None
-            for s in r.segments:
-                kind = s.kind
-                if kind == REUSE:
-                    row.append(index(s.id))
-                elif kind != PRIV and system is None:
-                    system = s.id
-            if system is not None:
-                row[0] = index(system)
-            block.append(row)
-            n_reusable.append(len(row) - 1)
-            age = (r.arrival, r.id)
-            if age < last:
-                self.rows_in_fifo_order = False
-            last = age
-        self._last_registered = last
-        n0, n1 = self.n_rows, self.n_rows + len(block)
-        width = max(self.width, 1 + max(n_reusable))
-        capacity, cols = self.segments.shape
-        grown = n1 > capacity or width > cols
-        if grown:
-            self._grow(max(n1, 2 * capacity), max(cols, width))
-        for i, row in enumerate(block, n0):  # rows are -1 beyond their length already
-            self.segments[i, :len(row)] = row
-        self.n_reusable[n0:n1] = n_reusable
-        self.fixed_order[n0:n1] = [r.fixed_order for r in requests]
-        self.arrival[n0:n1] = [r.arrival for r in requests]
-        ids = [r.id for r in requests]
-        self.request_id[n0:n1] = ids
-        self.row_of.update(zip(ids, range(n0, n1)))
-        self.n_rows = n1
-        if grown or width != self.width:  # what the kernels read changed
-            self.width = width
-            self.prompts = self._prompts()
-
-    def _prompts(self) -> tuple:
-        """What the kernels read: the table as a plain tuple of Prompts' fields (see ``policies.qas_round``)."""
-        return tuple(Prompts(self.segments, self.n_reusable, self.fixed_order, self.width))
-
-    def expect(self, requests: Sequence[WaitingRequest], rows: np.ndarray) -> None:
-        """Note the queue expected next (and its rows): the last order, minus what a dispatch took."""
-        self._expected = (requests, rows)
-
-    def rows(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
-        """The requests' rows, registering those not seen before. A queue that starts with the expected one
-        (an engine's queue: the requests it did not admit, in the order QAS gave, then arrivals) is looked
-        up only past it: a comparison of the same objects costs a fraction of a lookup."""
-        expected, rows = self._expected
-        m = len(expected)
-        if m and len(requests) >= m and requests[:m] == expected:
-            return np.concatenate((rows, self._lookup(requests[m:])))
-        return self._lookup(requests)
-
-    def _lookup(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
-        get = self.row_of.get
-        rows = [get(r.id, -1) for r in requests]
-        if -1 in rows:
-            self.add([r for r, i in zip(requests, rows) if i < 0])
-            rows = [get(r.id) for r in requests]
-        return np.fromiter(rows, np.int64, len(rows))
-
-    def age_key(self, rows: np.ndarray) -> np.ndarray:
-        """A key that sorts these rows in FIFO (arrival, id) order: the row itself when rows were registered
-        in that order, else each row's position in the sorted queue."""
-        if self.rows_in_fifo_order:
-            return rows
-        pos = np.empty(len(rows), dtype=np.int64)
-        pos[np.lexsort((self.request_id[rows], self.arrival[rows]))] = np.arange(len(rows))
-        return pos
+def shared(r: WaitingRequest) -> list[str]:
+    """The segments the demand counters cover: the system prompt and the reusable ones."""
+    return [s.id for s in r.segments if s.kind != PRIV]
 
 
-class _Planned(NamedTuple):
-    """What a plan leaves for its dispatch."""
+def reusable(r: WaitingRequest) -> list[str]:
+    """The segments QAS may move, in prompt order."""
+    return [s.id for s in r.segments if s.kind == REUSE]
 
-    order: list  # the queued requests in the plan's order
-    order_rows: np.ndarray  # their rows
-    base: np.ndarray  # per segment: w_a·a + w_g·g of the round, P without the batch term
+
+def age(r: WaitingRequest) -> tuple[float, int]:
+    """FIFO order: arrival, then id."""
+    return r.arrival, r.id
 
 
 class QAS(Scheduler):
+    name = "qas"
+    Knobs = QASConfig
+
     def __init__(self, config: QASConfig | None = None) -> None:
-        self.config = cfg = config or QASConfig()
-        self.params = Params(cfg.w_a, cfg.w_n, cfg.w_g, cfg.f_front, cfg.kappa, cfg.alpha_size, cfg.beta_util,
-                             cfg.q_cold)
-        self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
-        self.table = RequestTable()
-        self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index
-        self._planned: _Planned | None = None  # the last plan, until its dispatch
-        self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
-        self._published = np.zeros(0)  # the last published P̂, by segment index
-        self._published_by_name: dict[str, float] = {}  # the same, as the mapping DART reads
-        self._a = np.zeros(0)  # a(r) by segment index, for the first _a_known segments (see _active)
-        self._a_known = 0
-        self._a_hints: DemandHints | None = None  # the hints it mirrors
+        self.config = config or QASConfig()
+        self.seen: dict[str, int] = {}  # segment -> when QAS first saw it (ties between equal priorities)
+        self.next_counter: Counter = Counter()  # n(r) over the predicted next batch (step 5)
         self.counters: Counter = Counter()
+        self._round: tuple[list, dict[str, float]] | None = None  # the last plan's order and base, until dispatch
+        self._published: dict[str, float] = {}
+        self.last: dict | None = None  # the last round's priorities and buckets, for inspection
 
-    @property
-    def last(self) -> dict | None:
-        """The last round's priorities (segment -> P) and buckets ((request ids...), score), built on demand
-        for inspection and tests, so that rounds pay nothing for it."""
-        if self._last_round is None:
-            return None
-        waiting, rnd = self._last_round
-        names = self.table.segment_names
-        return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
-                "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
-                            for s, k, score in zip(rnd.bucket_start.tolist(), rnd.bucket_size.tolist(),
-                                                   rnd.bucket_score.tolist())]}
-
-    @property
-    def next_counter(self) -> Counter:
-        names = self.table.segment_names
-        return Counter({names[i]: int(c) for i, c in enumerate(self._next_batch) if c})
-
-    def _active(self, ctx: SchedContext, n_segments: int) -> np.ndarray:
-        """a(r) by segment index. Kept between rounds and brought up to date from the changes the engine noted
-        (``DemandHints.take_active_changes``): a round's window sees a few dozen changes among the hundreds
-        of segments in use. Read whole the first time, or from hints other than the last round's."""
-        hints = ctx.hints
-        if hints is None:
-            return np.zeros(n_segments)
-        active, index, names = hints.active, self.table.segment_index, self.table.segment_names
-        changed = hints.take_active_changes()
-        a, known = self._a, self._a_known
-        if changed is None or hints is not self._a_hints:
-            self._a_hints, known = hints, 0
-            a = self._a = np.zeros(max(64, 2 * n_segments))
-            changed = ()
-        elif n_segments > len(a):
-            a = self._a = np.concatenate((a, np.zeros(max(n_segments, len(a)))))
-        for i in range(known, n_segments):  # segments registered since the last round
-            a[i] = active.get(names[i], 0)
-        for r in changed:
-            i = index.get(r)
-            if i is not None and i < known:
-                a[i] = active.get(r, 0)
-        self._a_known = n_segments
-        return a[:n_segments]
+    @classmethod
+    def deployment(cls, knobs: QASConfig) -> Deployment:
+        """``window_s`` > 0: an admission front end (the paper's deployment); 0: inside the engine."""
+        return Deployment(FRONT_END, knobs.window_s) if knobs.window_s > 0 else Deployment()
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if not waiting:
             return Plan([])
-        cfg, table = self.config, self.table
-        queued = table.rows(waiting)
-        n_segments = len(table.segment_names)
-        age = table.age_key(queued)
-        rnd = plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
-                         self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting))
-        positions, aged = rnd.order, rnd.order[:0]
-        if cfg.window_s == 0:  # in-engine: the starvation bound
-            positions, aged = self._aged_first(positions, ctx.now - table.arrival[queued[positions]], age)
-        order = [waiting[p] for p in positions.tolist()]
-        self._planned = _Planned(order, queued[positions], rnd.base)
-        table.expect(order, self._planned.order_rows)
-        self._last_round = (waiting, rnd)  # references only: `last` builds views
-        self.counters["qas_rounds"] += 1
-        self.counters["qas_buckets"] += len(rnd.bucket_size)
-        cold = dict.fromkeys(table.request_id[queued[rnd.cold]].tolist(), "cold")  # q_cold requests at most
-        lanes = cold if not len(aged) else _AgedLanes(table, queued[aged], cold)
-        return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front), lanes=lanes)
+        self.see(waiting)
+        base = self.priorities(waiting, ctx.hints.active if ctx.hints is not None else {})
+        aligned = {r.id: self.front_alignment(r, base) for r in waiting}  # step 1
+        buckets = self.buckets(waiting, aligned, base)  # step 2
+        scores = [self.score(members, base, ctx.batch_hint or len(waiting)) for members in buckets]  # step 3
+        order, lanes = self.lanes(waiting, buckets, scores)  # step 4
+        if self.config.window_s == 0:
+            order, lanes = self.aged_first(order, lanes, ctx.now)
+        self._round = (order, base)
+        self.counters[QAS_ROUNDS] += 1
+        self.counters[QAS_BUCKETS] += len(buckets)
+        self.last = {"priority": {s: p for s, p in base.items() if p},
+                     "buckets": [(tuple(r.id for r in m), sc) for m, sc in zip(buckets, scores)]}
+        moved = {r.id: aligned[r.id] for r in waiting if aligned[r.id] != tuple(reusable(r))}
+        return Plan(order, moved, lanes)
 
-    def _aged_first(self, positions: np.ndarray, waited: np.ndarray, age: np.ndarray):
-        """The round's order with the requests that waited more than ``max_wait_s`` moved to its head, oldest
-        first: (positions, the aged ones' positions)."""
-        over = waited > self.config.max_wait_s
-        if not over.any():
-            return positions, positions[:0]
-        aged = positions[over]
-        aged = aged[np.argsort(age[aged], kind="stable")]
-        self.counters["qas_aged"] += len(aged)
-        return np.concatenate((aged, positions[~over])), aged
+    def see(self, waiting: Sequence[WaitingRequest]) -> None:
+        """Number the segments not seen before: each request's reusable segments, then its system prompt."""
+        for r in waiting:
+            for s in reusable(r) + [s for s in shared(r) if s not in reusable(r)]:
+                self.seen.setdefault(s, len(self.seen))
 
+    def priorities(self, waiting: Sequence[WaitingRequest], active) -> dict[str, float]:
+        """P(r; ∅) = w_a·a(r) + w_g·g(r) of every segment QAS has seen (the part no batch changes)."""
+        g = Counter(s for r in waiting for s in shared(r))
+        cfg = self.config
+        return {s: cfg.w_a * active.get(s, 0) + cfg.w_g * g.get(s, 0) for s in self.seen}
+
+    def rank(self, segments: list[str], priority: dict[str, float]) -> list[str]:
+        """Highest priority first; ties go to the segment seen first."""
+        return sorted(segments, key=lambda s: (-priority[s], self.seen[s]))
+
+    def front_alignment(self, r: WaitingRequest, priority: dict[str, float]) -> tuple[str, ...]:
+        """Step 1: the prompt's top-``f_front`` reusable segments to the front, highest first; the rest keep
+        their order (a ``fixed_order`` prompt, or one of fewer than two segments, keeps its own)."""
+        mine = reusable(r)
+        if r.fixed_order or self.config.f_front == 0 or len(mine) < 2:
+            return tuple(mine)
+        top = self.rank(mine, priority)[:self.config.f_front]
+        return tuple(top + [s for s in mine if s not in top])
+
+    def buckets(self, waiting: Sequence[WaitingRequest], aligned: dict[int, tuple[str, ...]],
+                priority: dict[str, float]) -> list[list[WaitingRequest]]:
+        """Step 2: requests with equal signatures — their top-``kappa`` segments, in aligned order — share a
+        bucket; buckets in the age order of their oldest requests, FIFO inside."""
+        out: dict[tuple[str, ...], list[WaitingRequest]] = {}
+        for r in sorted(waiting, key=age):
+            top = set(self.rank(reusable(r), priority)[:self.config.kappa])
+            out.setdefault(tuple(s for s in aligned[r.id] if s in top), []).append(r)
+        return list(out.values())
+
+    def score(self, members: list[WaitingRequest], base: dict[str, float], hint: int) -> float:
+        """Step 3: Score(b) = α_size·|b| + β_util·U(b); U(b) is the mean of P(r; B_hot_b) over the bucket's
+        reusable segments, B_hot_b its first ``hint`` requests (the batch it would give the hot lane)."""
+        segments = {s for r in members for s in reusable(r)}
+        in_batch = Counter(s for r in members[:hint] for s in reusable(r))
+        w_n = self.config.w_n
+        util = sum(base[s] + w_n * in_batch[s] for s in segments) / len(segments) if segments else 0.0
+        return self.config.alpha_size * len(members) + self.config.beta_util * util
+
+    def lanes(self, waiting: Sequence[WaitingRequest], buckets: list[list[WaitingRequest]],
+              scores: list[float]) -> tuple[list, dict[int, str]]:
+        """Step 4: the cold lane (the ``q_cold`` oldest, FIFO), then the hot lane: buckets by descending score
+        (older bucket first among equals), FIFO inside."""
+        cold = sorted(waiting, key=age)[:self.config.q_cold]
+        cold_ids = {r.id for r in cold}
+        ranked = sorted(range(len(buckets)), key=lambda b: -scores[b])  # stable: buckets are in age order
+        order = cold + [r for b in ranked for r in buckets[b] if r.id not in cold_ids]
+        return order, dict.fromkeys(cold_ids, "cold")
+
+    def aged_first(self, order: list, lanes: dict[int, str], now: float) -> tuple[list, dict[int, str]]:
+        """In the engine: requests waiting longer than ``max_wait_s`` go first, oldest first (lane ``aged``)."""
+        aged = sorted((r for r in order if now - r.arrival > self.config.max_wait_s), key=age)
+        if not aged:
+            return order, lanes
+        self.counters[QAS_AGED] += len(aged)
+        ids = {r.id for r in aged}
+        return aged + [r for r in order if r.id not in ids], {**lanes, **dict.fromkeys(ids, "aged")}
+
+    # ------------------------------------------------------------------ after the engine admitted
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
-        """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
-        planned, self._planned = self._planned, None
-        if planned is None:
+        """Step 5: the requests that now head the order form the predicted next batch; step 6: publish
+        P̂(r) = P(r; B_dispatch) to the eviction policy."""
+        if self._round is None:
             return
-        # a front end dispatches the whole order it was given
-        taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
-        out = dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
-                       len(self.table.segment_names))
-        self._next_batch = out.next_batch
-        remaining = list(planned.order)
-        for p in reversed(out.taken_positions.tolist()):
-            del remaining[p]
-        self.table.expect(remaining, out.remaining_rows)
+        order, base = self._round
+        self._round = None
+        gone = {r.id for r in admitted}
+        rest = [r for r in order if r.id not in gone]
+        self.next_counter = Counter(s for r in rest[:len(admitted)] for s in shared(r))
         if ctx.hints is not None:
-            self._publish(ctx.hints, out.published)
+            self.publish(ctx.hints, base, Counter(s for r in admitted for s in shared(r)))
 
-    def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
-        """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
-        since the last publication are written, a small part of the hundreds with demand."""
-        up, gone, fell = changes(published, self._published)
-        out, names = self._published_by_name, self.table.segment_names
-        out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
-        for i in gone.tolist():
-            del out[names[i]]
-        self._published = published
-        hints.publish(out, [names[i] for i in fell.tolist()])
+    def publish(self, hints: DemandHints, base: dict[str, float], dispatched: Counter) -> None:
+        """P̂ of every segment seen (those seen since the round have no base), the positive ones published,
+        with the segments whose P̂ fell (for DART's re-keying)."""
+        w_n = self.config.w_n
+        new = {s: p for s in self.seen if (p := base.get(s, 0.0) + w_n * dispatched[s]) > 0}
+        fell = [s for s, p in self._published.items() if new.get(s, 0.0) < p]
+        self._published = new
+        hints.publish(new, fell)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
 
 
-class _Alignment(LazyAlignment):
-    """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
-    Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
-
-    def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int) -> None:
-        self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
-        # the queued rows, as a set made at the first call: O(queue) per round that admits (an array over every
-        # row ever registered would make a front end's rounds of a few arrivals cost O(requests so far) each)
-        self._rows: set[int] | None = None
-
-    def get(self, rid: int, default=None):
-        """The engine's call, once per admitted request (no exception for the many that keep their order)."""
-        table = self._table
-        if self._rows is None:
-            self._rows = set(self._queued.tolist())
-        row = table.row_of.get(rid)  # None: registered after this round, not queued
-        if row not in self._rows:
-            return default
-        out, moved = aligned_row(table.prompts, row, self._priority, self._f_front)
-        if not moved:
-            return default
-        names = table.segment_names
-        return tuple([names[i] for i in out.tolist()])
-
-    def __iter__(self):
-        return (rid for rid in self._table.request_id[self._queued].tolist() if rid in self)
-
-
-class _AgedLanes(Mapping):
-    """Plan.lanes of an in-engine round with aged requests: the cold lane's few as a dict, the aged ones (past
-    the knee, much of a backlog of thousands) looked up by row when the engine asks, for the few it admits."""
-
-    def __init__(self, table: RequestTable, aged_rows: np.ndarray, cold: dict[int, str]) -> None:
-        self._table, self._aged_rows, self._cold = table, aged_rows, cold
-
-    def get(self, rid: int, default=None):
-        row = self._table.row_of.get(rid)
-        if row is not None and (self._aged_rows == row).any():
-            return "aged"
-        return self._cold.get(rid, default)
-
-    def __getitem__(self, rid: int) -> str:
-        out = self.get(rid)
-        if out is None:
-            raise KeyError(rid)
-        return out
-
-    def __iter__(self):
-        aged = self._table.request_id[self._aged_rows].tolist()
-        return iter(dict.fromkeys([*self._cold, *aged]))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+__all__ = ["QASConfig", "QAS"]

@@ -1,101 +1,57 @@
 """Policy names, method presets, and building policy objects from validated knob sections.
 
-A *method* is a (scheduler, eviction) pair; ``--scheduler`` and ``--eviction`` combine them freely. Each
-policy with knobs has a config dataclass, filled from the YAML/``--set`` section of the same name
-(``lpm.fcfs_threshold``, ``qas.q_cold``, ...).
+A *method* is a (scheduler, eviction) pair; ``--scheduler`` and ``--eviction`` combine them freely. The
+registry lists each policy as ``module:Class`` (a module of ``prism.policies``, or a dotted module path for
+a policy kept elsewhere); the class declares the rest (:class:`~prism.policies.base.Policy`): its name, its
+knob dataclass, filled from the YAML/``--set`` section of that name (``lpm.fcfs_threshold``, ``qas.q_cold``,
+...), how a run builds it, and for a scheduler how it is deployed (inside the engine, ordering its waiting
+queue, or as an admission front end that orders each window of arrivals before an unmodified FCFS engine).
+An engine runs whatever :func:`make_policies` hands it and never asks which policy that is.
 
-The registry also says how a scheduler is *deployed* (:class:`Deployment`): inside the engine, ordering its
-waiting queue, or as an admission front end that orders each window of arrivals before an unmodified FCFS
-engine. An engine runs whatever :func:`make_policies` hands it and never asks which policy that is.
+A new scheduler is one file in ``policies/`` (a :class:`~prism.policies.base.Scheduler` subclass with a
+``name``) and one line in :data:`SCHEDULERS`.
 
-Entries name their classes as ``module:Class`` of ``prism.policies`` and import them on first use, so that a
-run imports only the policies it runs: QAS's compiled kernels (numba) and ContextPilot's clustering (scipy)
-cost a few hundred milliseconds to import, several times the start of a whole FCFS run.
+Classes are imported on first use, so that a run imports only the policies it runs: QAS's compiled kernels
+(numba) and ContextPilot's clustering (scipy) cost a few hundred milliseconds to import, several times the
+start of a whole FCFS run. So the registry's names are the knob sections too: a policy's section is its name,
+unless it declares another (DFS-weight reads LPM's).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from prism.config import build
 from prism.errors import UserError
 
-from prism.policies.base import DemandHints, EvictionPolicy, Scheduler
+from prism.policies.base import Deployment, DemandHints, EvictionPolicy, Policy, Scheduler
 from prism.policies.routing import Router
 
-
-IN_ENGINE = "in_engine"
-FRONT_END = "front_end"
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """How a scheduler meets the engine: ``in_engine`` (it orders the engine's waiting queue at every
-    scheduling round), or ``front_end`` (it orders each window of ``window_s`` seconds of arrivals, which then
-    reach an unmodified engine whose own scheduler is :data:`FRONT_END_ENGINE_SCHEDULER`)."""
-
-    mode: str = IN_ENGINE
-    window_s: float = 0.0
-
-    @property
-    def front_end(self) -> bool:
-        return self.mode == FRONT_END
-
-
-#: what a stock server's scheduler is behind an admission front end: it serves requests in arrival order
-FRONT_END_ENGINE_SCHEDULER = "fcfs"
-
-
-def _lazy(path: str) -> Any:
-    """The object ``module:name`` names in ``prism.policies``, importing its module on first use."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(f"prism.policies.{module}"), name)
-
-
-@dataclass(frozen=True)
-class PolicyEntry:
-    factory: Callable[..., Any]  # (config or None, hints, trace requests) -> policy
-    config_ref: type | str | None = None  # knob dataclass, or its "module:Class"; its section name is the policy name
-    section: str | None = None
-    deployment: Callable[[Any], Deployment] | None = None  # (config) -> deployment; None: in the engine
-
-    @property
-    def config(self) -> type | None:
-        return _lazy(self.config_ref) if isinstance(self.config_ref, str) else self.config_ref
-
-
-def _qas_deployment(cfg: Any) -> Deployment:  # cfg: a QASConfig
-    return Deployment(FRONT_END, cfg.window_s) if cfg.window_s > 0 else Deployment()
-
-
-SCHEDULERS: dict[str, PolicyEntry] = {
-    "fcfs": PolicyEntry(lambda cfg, hints, reqs: _lazy("fcfs:FCFS")()),
-    "lpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:LPM")(cfg), "lpm:LPMConfig", "lpm"),
-    "dfs_weight": PolicyEntry(lambda cfg, hints, reqs: _lazy("lpm:DFSWeight")(cfg), "lpm:LPMConfig", "lpm"),
-    "klpm": PolicyEntry(lambda cfg, hints, reqs: _lazy("klpm:KLPM")(cfg), "klpm:KLPMConfig", "klpm"),
-    "contextpilot": PolicyEntry(lambda cfg, hints, reqs: _lazy("contextpilot:ContextPilot")(cfg),
-                                "contextpilot:ContextPilotConfig", "contextpilot"),
-    "qas": PolicyEntry(lambda cfg, hints, reqs: _lazy("qas:QAS")(cfg), "qas:QASConfig", "qas", _qas_deployment),
+SCHEDULERS: dict[str, str] = {
+    "fcfs": "fcfs:FCFS",
+    "lpm": "lpm:LPM",
+    "dfs_weight": "lpm:DFSWeight",
+    "klpm": "klpm:KLPM",
+    "contextpilot": "contextpilot:ContextPilot",
+    "qas": "qas_compiled:CompiledQAS",
 }
 
-EVICTIONS: dict[str, PolicyEntry] = {
-    "lru": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRU")(hints)),
-    "lfu": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LFU")(hints)),
-    "lru_active": PolicyEntry(lambda cfg, hints, reqs: _lazy("eviction:LRUActive")(hints)),
-    "dart": PolicyEntry(lambda cfg, hints, reqs: _lazy("dart:DART")(cfg, hints), "dart:DARTConfig", "dart"),
-    # offline reference: knows the trace
-    "belady": PolicyEntry(lambda cfg, hints, reqs: _lazy("belady:Belady")(reqs)),
+EVICTIONS: dict[str, str] = {
+    "lru": "eviction:LRU",
+    "lfu": "eviction:LFU",
+    "lru_active": "eviction:LRUActive",
+    "dart": "dart:DART",
+    "belady": "belady:Belady",  # an offline reference: it knows the trace
 }
 
-#: routing policies of a cluster (``cluster.router``); factories take (config or None, None, ())
-ROUTERS: dict[str, PolicyEntry] = {
-    "rr": PolicyEntry(lambda cfg, hints, reqs: _lazy("round_robin:RoundRobin")()),
-    "least_load": PolicyEntry(lambda cfg, hints, reqs: _lazy("least_load:LeastLoad")()),
-    "cache_aware": PolicyEntry(lambda cfg, hints, reqs: _lazy("cache_aware:CacheAware")(cfg),
-                               "cache_aware:CacheAwareConfig", "cache_aware"),
-    "lmetric": PolicyEntry(lambda cfg, hints, reqs: _lazy("lmetric:LMetric")(cfg), "lmetric:LMetricConfig", "lmetric"),
+#: routing policies of a cluster (``cluster.router``)
+ROUTERS: dict[str, str] = {
+    "rr": "round_robin:RoundRobin",
+    "least_load": "least_load:LeastLoad",
+    "cache_aware": "cache_aware:CacheAware",
+    "lmetric": "lmetric:LMetric",
 }
 
 #: method preset -> (scheduler, eviction)
@@ -108,15 +64,33 @@ METHODS: dict[str, tuple[str, str]] = {
     "prism": ("qas", "dart"),
 }
 
+#: what a stock server's scheduler is behind an admission front end: it serves requests in arrival order
+FRONT_END_ENGINE_SCHEDULER = "fcfs"
+
+
+def policy_class(table: Mapping[str, str], name: str) -> type[Policy]:
+    """The class ``table[name]`` names, its module imported on first use."""
+    module, _, cls = table[name].partition(":")
+    return getattr(importlib.import_module(module if "." in module else f"prism.policies.{module}"), cls)
+
 
 def knob_sections() -> set[str]:
-    """Names of the YAML / ``--set`` sections that hold policy knobs."""
-    return {e.section for e in (*SCHEDULERS.values(), *EVICTIONS.values()) if e.section}
+    """Names of the YAML / ``--set`` sections that may hold policy knobs (a section of a policy without
+    knobs is refused where a run reads it, :func:`policy_configs`)."""
+    return set(SCHEDULERS) | set(EVICTIONS)
 
 
 def router_sections() -> set[str]:
-    """Names of the sections that hold routing-policy knobs."""
-    return {e.section for e in ROUTERS.values() if e.section}
+    """Names of the sections that may hold routing-policy knobs."""
+    return set(ROUTERS)
+
+
+def _knobs(cls: type[Policy], knobs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """{section: validated knob dataclass} of one policy class ({} without knobs)."""
+    section = cls.knob_section()
+    if section is None:
+        return {}
+    return {section: build(cls.Knobs, (knobs or {}).get(section), f"{where}{section}")}
 
 
 def check_router(name: str) -> str:
@@ -127,16 +101,19 @@ def check_router(name: str) -> str:
 
 def router_config(name: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> dict[str, Any]:
     """The validated knob dataclass of the router's section ({} for a router without knobs)."""
-    entry = ROUTERS[check_router(name)]
-    if entry.config is None:
-        return {}
-    return {entry.section: build(entry.config, (knobs or {}).get(entry.section), f"{where}{entry.section}")}
+    return _knobs(policy_class(ROUTERS, check_router(name)), knobs, where)
+
+
+def router_section(name: str) -> str | None:
+    """The knob section the router reads (None: it has no knobs)."""
+    return policy_class(ROUTERS, check_router(name)).knob_section()
 
 
 def make_router(name: str, configs: Mapping[str, Any]) -> Router:
     """A fresh routing policy from validated knobs (:func:`router_config`; a missing section: the defaults)."""
-    entry = ROUTERS[check_router(name)]
-    return entry.factory(configs.get(entry.section) if entry.section else None, None, ())
+    cls = policy_class(ROUTERS, check_router(name))
+    section = cls.knob_section()
+    return cls.build(configs.get(section) if section else None, DemandHints(), ())
 
 
 def resolve_method(method: str | None, scheduler: str | None = None,
@@ -164,20 +141,17 @@ def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | Non
                    where: str = "") -> dict[str, Any]:
     """The validated knob dataclass of each section the scheduler and the eviction policy read (a typo in a
     knob fails here, before a long run); errors name ``where`` and the section."""
-    knobs = knobs or {}
-    configs = {}
-    for entry in (SCHEDULERS[scheduler], EVICTIONS[eviction]):
-        if entry.config is not None and entry.section not in configs:
-            configs[entry.section] = build(entry.config, knobs.get(entry.section), f"{where}{entry.section}")
+    configs: dict[str, Any] = {}
+    for cls in (policy_class(SCHEDULERS, scheduler), policy_class(EVICTIONS, eviction)):
+        if cls.knob_section() not in configs:
+            configs.update(_knobs(cls, knobs, where))
     return configs
 
 
 def deployment_of(scheduler: str, configs: Mapping[str, Any]) -> Deployment:
     """How ``scheduler``, with its validated knobs (from :func:`policy_configs`), is deployed."""
-    entry = SCHEDULERS[scheduler]
-    if entry.deployment is None:
-        return Deployment()
-    return entry.deployment(configs[entry.section])
+    cls = policy_class(SCHEDULERS, scheduler)
+    return cls.deployment(configs.get(cls.knob_section()) if cls.Knobs is not None else None)
 
 
 def engine_scheduler(scheduler: str, deployment: Deployment) -> str:
@@ -199,8 +173,9 @@ class Policies:
         return {**self.scheduler.stats(), **(self.front_end.stats() if self.front_end is not None else {})}
 
 
-def _policy(entry: PolicyEntry, configs: Mapping[str, Any], hints: DemandHints, requests: Sequence[Any]):
-    return entry.factory(configs[entry.section] if entry.config is not None else None, hints, requests)
+def _build(cls: type[Policy], configs: Mapping[str, Any], hints: DemandHints, requests: Sequence[Any]) -> Any:
+    section = cls.knob_section()
+    return cls.build(configs[section] if section is not None else None, hints, requests)
 
 
 def make_policies(scheduler: str, eviction: str, configs: Mapping[str, Any], deployment: Deployment = Deployment(),
@@ -209,11 +184,11 @@ def make_policies(scheduler: str, eviction: str, configs: Mapping[str, Any], dep
     ``deployment`` says (:func:`deployment_of`). ``requests`` (the trace) is only read by offline references
     such as ``belady``."""
     hints = DemandHints()
-    sched = _policy(SCHEDULERS[scheduler], configs, hints, requests)
-    evict = _policy(EVICTIONS[eviction], configs, hints, requests)
-    if evict.hints is not hints:
+    sched = _build(policy_class(SCHEDULERS, scheduler), configs, hints, requests)
+    evict = _build(policy_class(EVICTIONS, eviction), configs, hints, requests)
+    if evict.hints is not hints:  # a policy built without the run's hints (the oracle) shares them
         evict.hints = hints
     if deployment.front_end:
-        return Policies(_policy(SCHEDULERS[engine_scheduler(scheduler, deployment)], configs, hints, requests),
-                        evict, hints, front_end=sched)
+        engine = _build(policy_class(SCHEDULERS, engine_scheduler(scheduler, deployment)), configs, hints, requests)
+        return Policies(engine, evict, hints, front_end=sched)
     return Policies(sched, evict, hints)

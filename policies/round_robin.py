@@ -9,6 +9,8 @@ from prism.policies.routing import InstanceView, Router
 
 
 class RoundRobin(Router):
+    name = "rr"
+
     def __init__(self) -> None:
         super().__init__()
         self.next = 0

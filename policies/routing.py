@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, runtime_checkable
 
-from prism.policies.base import WaitingRequest
+from prism.policies.base import Policy, WaitingRequest
 
 
 @runtime_checkable
@@ -51,7 +51,7 @@ def argmin_from(scores: Sequence[float], start: int) -> int:
     return best_i
 
 
-class Router:
+class Router(Policy):
     """Chooses an instance for each request; subclasses override :meth:`route`.
 
     ``reads_queued_prefill``: the policy reads ``queued_prefill_tokens`` (the cluster then peeks the chosen

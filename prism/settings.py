@@ -28,13 +28,15 @@ at most MAX_ROUTER_DELAY_S (1/MIN_QPS: a slower router serves fewer requests per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import MIN_QPS, apply_overrides, build, choice, fraction, load_yaml, nonneg, positive, unknown_keys
 from prism.errors import UserError
-from prism.policies.registry import (ROUTERS, Deployment, check_router, deployment_of, knob_sections,
-                                     policy_configs, resolve_method, router_config, router_sections)
+from prism.policies.base import Deployment
+from prism.policies.registry import (ROUTERS, check_router, deployment_of, knob_sections, policy_configs,
+                                     resolve_method, router_config, router_section, router_sections)
 from prism.traces.spec import load_trace, spec_engine
 from prism.traces.trace import Trace
 
@@ -113,6 +115,21 @@ class RunSpec:
     def profile_of(self, instance: int) -> Profile:
         return self.instance_profiles[instance] if self.instance_profiles else self.profile
 
+    @cached_property
+    def kv_capacities(self) -> tuple[int, ...]:
+        """Each instance's KV pool in tokens (one entry when every instance has ``profile``), checked against
+        the trace once per profile (:func:`check_pool`): the figure every engine of the run uses, simulated or
+        live."""
+        checked: dict[str, int] = {}
+        for p in self.instance_profiles or (self.profile,):
+            if p.name not in checked:
+                checked[p.name] = check_pool(self.engine, p, self.trace, self.trace_source)
+        return tuple(checked[p.name] for p in self.instance_profiles or (self.profile,))
+
+    def kv_capacity_of(self, instance: int = 0) -> int:
+        caps = self.kv_capacities
+        return caps[instance] if len(caps) > 1 else caps[0]
+
     @classmethod
     def build(cls, trace: Trace, scheduler: str, eviction: str, *, engine: EngineConfig | None = None,
               profile: Profile | str = DEFAULT_PROFILE, knobs: Mapping[str, Any] | None = None,
@@ -133,12 +150,12 @@ def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, A
     """The one place a run's deployment, rate and seed are settled."""
     cluster = cluster if cluster is not None else ClusterConfig()
     instance_profiles = tuple(_instance_profile(p) for p in cluster.profiles)
-    for p in instance_profiles or (profile,):
-        kv_capacity(engine, p, trace, trace_source)
     offered = qps if qps is not None else trace.spec.get("qps")
-    return RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
+    spec = RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
                    trace_source, offered if offered is not None else measured_qps(trace), offered is None,
                    trace.spec.get("seed"), cluster, dict(router_configs or {}), instance_profiles)
+    spec.kv_capacities  # checked here, before any run starts
+    return spec
 
 
 def _instance_profile(spec: str) -> Profile:
@@ -148,9 +165,10 @@ def _instance_profile(spec: str) -> Profile:
         raise UserError(str(e), "cluster.profiles") from None
 
 
-def kv_capacity(engine: EngineConfig, profile: Profile, trace: Trace, trace_source: str = "") -> int:
-    """The run's KV capacity in tokens, checked against the trace: one page, the longest segment and every
-    request (prompt + output) must fit, and ``warmup_requests`` must leave requests to measure."""
+def check_pool(engine: EngineConfig, profile: Profile, trace: Trace, trace_source: str = "") -> int:
+    """The KV pool in tokens of an engine on ``profile`` (``engine.max_total_tokens``, else the profile's GPU
+    memory after weights), checked against the trace: one page, the longest segment and every request (prompt
+    + output) must fit, and ``warmup_requests`` must leave requests to measure."""
     cap = engine.max_total_tokens if engine.max_total_tokens is not None else profile.kv_capacity_tokens
     field = "engine.max_total_tokens" if engine.max_total_tokens is not None else f"profile {profile.name}"
     if engine.page_size > cap:
@@ -263,7 +281,7 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
 
 def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: str) -> None:
     """Knobs of a router that none of ``routers`` is: an error, as for policies."""
-    used = {ROUTERS[check_router(r)].section for r in routers}
+    used = {router_section(r) for r in routers}
     for section in sorted(router_sections() & set(data)):
         if section not in used and data[section]:
             raise UserError(f"section {section!r}: no router of {', '.join(routers)} reads these knobs (remove "
@@ -272,7 +290,7 @@ def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: 
 
 def for_router(data: dict[str, Any], router: str) -> dict[str, Any]:
     """Settings shared by several routers (a sweep), as one router's run: without the other routers' knobs."""
-    unused = router_sections() - {ROUTERS[router].section}
+    unused = router_sections() - {router_section(router)}
     return {k: v for k, v in data.items() if k not in unused}
 
 

@@ -1,10 +1,16 @@
-"""SGLang's KV admission estimate and retraction rule (sglang 0.5.23), as the engine applies them.
+"""How the engine admits a prefill batch: SGLang's budgets (:class:`PrefillAdder`) and the KV rule that
+``engine.admission`` names (:data:`RULES`), with SGLang's retraction.
 
-SGLang does not reserve a running request's whole decode. ``PrefillAdder`` (``managers/schedule_policy.py``)
-admits a request when ``extend + min(max_new_tokens, CLIP) + page < free + evictable − offsets``, where the
-offsets are, for every running request, ``min(max_new_tokens − generated, CLIP) × new_token_ratio``, and for
-every request admitted earlier in the same batch its page-rounded extend, one page and its whole
-``min(max_new_tokens, CLIP)``. (A request with ``ignore_eos`` counts with ratio 1: the ``full`` admission.)
+**The budgets** (``PrefillAdder`` in sglang 0.5.23 ``managers/schedule_policy.py``): a batch takes new tokens
+while the chunk budget (``chunked_prefill_size``) and the batch's input budget (``max_prefill_tokens``) last; a
+prompt longer than the chunk budget left is cut to whole pages (its next chunk goes first in the next batch);
+a request whose new tokens exceed the input budget left waits, unless the batch is empty.
+
+**The KV rule ``sglang``.** SGLang does not reserve a running request's whole decode. ``PrefillAdder`` admits a
+request when ``extend + min(max_new_tokens, CLIP) + page < free + evictable − offsets``, where the offsets
+are, for every running request, ``min(max_new_tokens − generated, CLIP) × new_token_ratio``, and for every
+request admitted earlier in the same batch its page-rounded extend, one page and its whole
+``min(max_new_tokens, CLIP)``. (A request with ``ignore_eos`` counts with ratio 1: the ``full`` rule.)
 
 The ratio (``managers/scheduler_components/new_token_ratio_tracker.py``) starts at
 ``SGLANG_INIT_NEW_TOKEN_RATIO`` (0.7), falls by ``(init − floor) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`` (600)
@@ -18,11 +24,19 @@ stays cached and becomes evictable), ``(kept requests) × SGLANG_RETRACT_DECODE_
 free by evicting, and the request goes back to the waiting queue: it will be prefilled again, prompt and
 generated tokens, hitting whatever of its prefix survived. The ratio becomes
 ``min(1, (Σ generated + 20 × kept) / (Σ max_new_tokens + 1))`` over the requests kept.
+
+**The KV rule ``full``**: every request's whole decode is reserved at admission (prism's older rule); a
+running request is never preempted.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from prism.settings import EngineConfig
+
+if TYPE_CHECKING:  # the engine drives the rules; they read and act on it
+    from prism.sim.engine import Engine, Seq
 
 
 class NewTokenRatio:
@@ -60,3 +74,151 @@ def retraction_key(generated: int, prompt_len: int) -> tuple[int, int]:
 def keep_order(requests: list[Any], generated, prompt_len) -> list[Any]:
     """``requests`` from most to least preferred to keep (a stable sort, as SGLang's over batch order)."""
     return sorted(requests, key=lambda r: retraction_key(generated(r), prompt_len(r)), reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------- the KV rules
+class SGLangRule:
+    """``engine.admission: sglang``: SGLang's admission estimate and retraction (module docstring)."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.page, self.clip, self.keep_steps = cfg.page_size, cfg.clip_max_new_tokens, cfg.retract_decode_steps
+        self.ratio = NewTokenRatio(cfg.init_new_token_ratio, cfg.min_new_token_ratio_factor,
+                                   cfg.new_token_ratio_decay_steps)
+
+    def max_new(self, seq: Seq) -> int:
+        """The decode SGLang reserves for a request at admission: what it may still generate, clipped."""
+        return min(seq.output_len - seq.retracted_output, self.clip)
+
+    def owed(self, seq: Seq, new: int) -> int:
+        """KV tokens the engine owes a request it admits with ``new`` tokens to compute: its prompt's."""
+        return new
+
+    def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
+        return new + self.max_new(seq) + self.page < available - offset
+
+    def charge(self, seq: Seq, take: int, last: bool) -> int:
+        """What the batch's offset adds for an admission beyond the ``take`` tokens the engine claims: page
+        rounding and one page, and the decode once its last chunk is in."""
+        return -take % self.page + self.page + (self.max_new(seq) if last else 0)
+
+    def running_offset(self, eng: Engine) -> float:
+        """The offset for running requests: remaining decode (clipped) x the new-token ratio.
+
+        It is asked at every admission round, over a running batch of hundreds on a GPU-sized pool: while no
+        running request's remaining decode can reach the clip, the sum is kept (Σ finish steps − n · step)."""
+        if eng.capacity is None:
+            return 0.0
+        clip, step = self.clip, eng.step
+        if not eng.long_decodes:
+            remaining = eng.sum_finish - len(eng.decoding) * step
+        else:
+            remaining = sum(min(s.finish_step - step, clip) for _, s in eng.decoding)
+        return remaining * self.ratio.current
+
+    def before_decode(self, eng: Engine) -> None:
+        """SGLang's ``update_running_batch``: if one token per running request does not fit after evicting
+        every unlocked leaf, retract; otherwise the ratio decays."""
+        if eng.capacity is None or len(eng.decoding) <= eng.reclaimable():
+            self.ratio.decay_step()
+            return
+        step = eng.step
+        order = keep_order(list(eng.active.values()), lambda s: s.generated(step), lambda s: s.prompt_len)
+        retracted = []
+        while len(order) > 1 and (not retracted or len(order) > eng.reclaimable()):
+            seq = order.pop()
+            eng.retract(seq)
+            retracted.append(seq)
+            # SGLang puts the freed space to use at once: evict until the kept requests have ``keep`` steps
+            eng.allocate(min(len(order) * self.keep_steps, eng.reclaimable()))
+        eng.requeue_retracted(retracted)
+        self.ratio.after_retract(sum(s.generated(step) for s in order), sum(s.output_len for s in order),
+                                 len(order), self.keep_steps)
+
+    def decode_allocated(self, eng: Engine, n: int) -> None:
+        """A decode step's ``n`` tokens were allocated (nothing was owed for them)."""
+
+    def idle(self) -> None:
+        self.ratio.reset()  # SGLang resets the estimate when it goes idle
+
+
+class FullRule:
+    """``engine.admission: full``: a request's whole decode is owed from its admission; nothing is retracted."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        pass
+
+    def owed(self, seq: Seq, new: int) -> int:
+        return new + seq.output_len - 1  # the last token's KV is never computed
+
+    def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
+        return self.owed(seq, new) <= available
+
+    def charge(self, seq: Seq, take: int, last: bool) -> int:
+        return 0
+
+    def running_offset(self, eng: Engine) -> float:
+        return 0.0
+
+    def before_decode(self, eng: Engine) -> None:
+        pass
+
+    def decode_allocated(self, eng: Engine, n: int) -> None:
+        eng.owed -= n  # owed since admission
+
+    def idle(self) -> None:
+        pass
+
+
+#: ``engine.admission`` -> its rule
+RULES = {"sglang": SGLangRule, "full": FullRule}
+
+
+# ---------------------------------------------------------------------------------------------- the budgets
+class PrefillAdder:
+    """One prefill batch being formed: its entries ``(request, new tokens, cached tokens)``, the chunk and
+    input budgets left, and the KV ``offset`` the rule has charged so far (module docstring)."""
+
+    __slots__ = ("rule", "page", "chunk", "input", "offset", "bounded", "batch", "out_of_kv")
+
+    def __init__(self, cfg: EngineConfig, rule: SGLangRule | FullRule, bounded: bool) -> None:
+        self.rule, self.page, self.bounded = rule, cfg.page_size, bounded
+        self.chunk, self.input = cfg.chunked_prefill_size, cfg.max_prefill_tokens
+        self.offset = 0.0
+        self.batch: list[tuple[Seq, int, int]] = []
+        self.out_of_kv = False  # a request was refused for lack of KV (SGLang's batch_is_full)
+
+    def has_budget(self) -> bool:
+        return self.chunk > 0 and self.input > 0
+
+    def add_chunk(self, seq: Seq, left: int) -> int:
+        """The next chunk of a chunked request (its KV is owed already): the tokens it takes now."""
+        take = self._cut(left)
+        self._add(seq, take, seq.kv_len)
+        if take == left:
+            self.offset += self.rule.charge(seq, take, True)
+        return take
+
+    def try_add(self, seq: Seq, new: int, available: float) -> tuple[int, int]:
+        """Add ``seq`` with ``new`` tokens to compute, ``available`` KV tokens left for admissions: (tokens it
+        takes now, KV tokens the engine owes it), or (0, 0) when it does not fit."""
+        rule = self.rule
+        if self.bounded and not rule.fits(seq, new, available, self.offset):
+            self.out_of_kv = True
+            return 0, 0
+        if new > self.input and self.batch:
+            return 0, 0
+        take = self._cut(new)
+        if take <= 0:
+            return 0, 0
+        self._add(seq, take, seq.fill_len - new)
+        self.offset += rule.charge(seq, take, take == new)
+        return take, rule.owed(seq, new)
+
+    def _cut(self, tokens: int) -> int:
+        """What the chunk budget takes of ``tokens``: all of them, or the whole pages it has left."""
+        return tokens if tokens <= self.chunk else self.chunk - self.chunk % self.page
+
+    def _add(self, seq: Seq, take: int, cached: int) -> None:
+        self.batch.append((seq, take, cached))
+        self.chunk -= take
+        self.input -= take

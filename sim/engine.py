@@ -33,10 +33,14 @@ import simpy
 
 from prism.calibration.cost_model import CostModel
 from prism.core import TOKEN_BYTES, Request, SegmentedPrompt, output_token_bytes, realigned
+from prism.counters import DECODE_ITERATIONS, EVICTED_NODES, EVICTED_TOKENS, PREFILL_ITERATIONS, \
+    RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
+from prism.policies.bookkeeping import Bookkeeper
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
-from prism.sim.admission import NewTokenRatio, keep_order
+from prism.sim.admission import RULES, PrefillAdder
+from prism.sim.events import EngineEvents
 from prism.sim.radix_cache import RadixCache
 
 
@@ -44,8 +48,8 @@ class Seq(SegmentedPrompt):
     """A request inside the engine: the trace request plus its current prompt order and timestamps."""
 
     __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "prompt_len",
-                 "sent", "prefill_start", "prefill_end", "first_token", "finish", "hit", "done", "node",
-                 "finish_step", "lane", "realigned", "resumed")
+                 "sent", "prefill_start", "prefill_end", "first_token", "finish", "hit", "kv_len", "node",
+                 "finish_step", "lane", "realigned", "retracted_output")
 
     def __init__(self, req: Request) -> None:
         self.req = req
@@ -56,21 +60,21 @@ class Seq(SegmentedPrompt):
         self.prompt_len = req.prompt_len  # the same in any segment order
         self.set_segments(req.segments)
         self.sent = self.prefill_start = self.prefill_end = self.first_token = self.finish = -1.0
-        self.hit = 0
-        self.done = 0  # prompt tokens whose KV exists (cached or computed)
-        self.node = None
+        self.hit = 0  # prompt tokens cached at its first admission (its record's)
+        self.kv_len = 0  # tokens of its fill whose KV exists (cached or computed so far)
+        self.node = None  # the cache node its lock holds while it runs
         self.finish_step = 0
         self.lane = ""
         self.realigned = False
-        self.resumed = 0  # tokens generated before its last retraction: prefilled again with the prompt
+        self.retracted_output = 0  # tokens generated before its last retraction: prefilled again with the prompt
 
     @property
     def fill_len(self) -> int:
         """Tokens its (next) prefill covers: the prompt, and after a retraction the tokens generated so far."""
-        return self.prompt_len + self.resumed
+        return self.prompt_len + self.retracted_output
 
     def fill_key(self) -> bytes:
-        return self.key + output_token_bytes(self.resumed) if self.resumed else self.key
+        return self.key + output_token_bytes(self.retracted_output) if self.retracted_output else self.key
 
     def generated(self, step: int) -> int:
         """Output tokens so far of a decoding request at decode step ``step`` (the first comes with prefill)."""
@@ -80,8 +84,9 @@ class Seq(SegmentedPrompt):
         """Put the reusable segments in ``skeleton`` order (same multiset; None: keep the order, as a plan
         says for requests it does not move); True if the order changed.
 
-        The system prompt stays first and private segments last; ``fixed_order`` prompts never move."""
-        if skeleton is None or self.fixed_order or self.resumed:  # a resumed request's KV order is settled
+        The system prompt stays first and private segments last; ``fixed_order`` prompts never move, nor a
+        retracted one (its KV order is settled)."""
+        if skeleton is None or self.fixed_order or self.retracted_output:
             return False
         segments = realigned(self.segments, skeleton, self.id)
         if segments is None:
@@ -99,7 +104,8 @@ class Engine:
 
     def __init__(self, env: simpy.Environment, config: EngineConfig, cost: CostModel, scheduler: Scheduler,
                  eviction: EvictionPolicy, capacity: int | None, hints: DemandHints | None = None,
-                 on_finish: Callable[[Seq], None] | None = None) -> None:
+                 on_finish: Callable[[Seq], None] | None = None, on_admit: Callable[[Seq], None] | None = None,
+                 events: EngineEvents | None = None) -> None:
         self.env = env
         self.cfg = config
         self.cost = cost
@@ -108,7 +114,11 @@ class Engine:
         self.hints = hints if hints is not None else eviction.hints
         self.capacity = capacity
         self.cache = RadixCache(capacity, config.page_size, anchors=eviction.needs_anchors)
-        self.on_finish = on_finish
+        self.on_finish, self.on_admit = on_finish, on_admit
+        self.events = events
+        self.counters: Counter = Counter()
+        self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
+        self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
         self.waiting: list[Seq] = []
         self.active: dict[int, Seq] = {}  # admitted, not finished
         self.decoding: list[tuple[int, Seq]] = []  # heap by finish step
@@ -118,20 +128,18 @@ class Engine:
         # last partial page stays the request's own until it finishes (inserted with its output, or freed)
         self.tails = 0
         self.inflight = 0  # KV tokens of prefill chunks being computed, not yet in the tree
-        self.reserved = 0  # KV tokens promised to admitted requests, not yet allocated (full admission: decode too)
-        self.sglang_admission = config.admission == "sglang"
-        self.ratio = NewTokenRatio(config.init_new_token_ratio, config.min_new_token_ratio_factor,
-                                   config.new_token_ratio_decay_steps)
+        self.owed = 0  # KV tokens owed to admitted requests, not yet allocated (prompt chunks; full rule: decode)
         self.step = 0  # decode steps so far
         self.sum_ctx = 0  # Σ context tokens of the decoding requests
-        self.sum_finish = 0  # Σ finish steps of the decoding requests (see _running_estimate)
+        self.sum_finish = 0  # Σ finish steps of the decoding requests (see SGLangRule.running_offset)
         self.long_decodes = 0  # decoding requests whose remaining decode may exceed clip_max_new_tokens
-        self.counters: Counter = Counter()
         # SGLang's ``batch_is_full``: set when admission stops for lack of KV space or running slots, so
-        # the queue is not re-planned every decode step; cleared when a request finishes.
-        self.full = False
+        # the queue is not re-planned every decode step; cleared when a request leaves the running batch
+        self.batch_is_full = False
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
+        if events is not None:
+            events.attached(self)
 
     # ------------------------------------------------------------------ arrivals
     def submit(self, seq: Seq) -> None:
@@ -144,145 +152,123 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self):
-        env, cost = self.env, self.cost
+        env, cost, ev = self.env, self.cost, self.events
         while True:
-            batch = self._form_prefill_batch() if ((self.waiting and not self.full) or self.chunked) else None
+            batch = self._prefill_batch() if ((self.waiting and not self.batch_is_full) or self.chunked) else None
             if batch:
                 start = env.now
                 for seq, _, _ in batch:
                     if seq.prefill_start < 0:
                         seq.prefill_start = start
+                if ev is not None:
+                    ev.prefill_started(self, batch)
                 yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]))
-                self.counters["prefill_iterations"] += 1
+                self.counters[PREFILL_ITERATIONS] += 1
                 self._end_prefill(batch)
+                if ev is not None:
+                    ev.prefill_ended(self, batch)
             elif self.decoding:
-                if self.sglang_admission:
-                    self._check_decode_memory()
+                if ev is not None:
+                    ev.decode_checking(self)
+                self.rule.before_decode(self)  # SGLang: retract if one token each does not fit
+                if ev is not None:
+                    ev.decode_checked(self)
                 n = len(self.decoding)
-                self._allocate(n)
+                self.allocate(n)
                 self.decode_alloc += n
-                if not self.sglang_admission:
-                    self.reserved -= n
+                self.rule.decode_allocated(self, n)
+                if ev is not None:
+                    ev.decode_started(self, n)
                 yield env.timeout(cost.decode_time(n, self.sum_ctx))
-                self.counters["decode_iterations"] += 1
+                self.counters[DECODE_ITERATIONS] += 1
                 self.step += 1
                 self.sum_ctx += n
+                if ev is not None:
+                    ev.decode_ended(self, n)
                 while self.decoding and self.decoding[0][0] <= self.step:
                     self._finish(self._pop_decoding())
             else:
                 if self.waiting:
                     raise RuntimeError("engine stalled: a waiting request can never be admitted")
-                self.ratio.reset()  # SGLang resets the estimate when it goes idle
+                self.rule.idle()
+                if ev is not None:
+                    ev.idle(self)
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
 
     # ------------------------------------------------------------------ KV space
-    def _free(self) -> float:
+    def free(self) -> float:
+        """KV tokens neither in the tree nor held by a running request."""
         if self.capacity is None:
             return float("inf")
         return self.capacity - self.cache.size - self.decode_alloc - self.tails - self.inflight
 
-    def _available(self) -> float:
-        """Tokens a new admission may claim: free + evictable − promised."""
-        return self._free() + self.cache.evictable_size - self.reserved
+    def reclaimable(self) -> float:
+        """KV tokens that could be made free: free + evictable."""
+        return self.free() + self.cache.evictable_size
 
-    def _allocate(self, n: int) -> None:
+    def _available(self) -> float:
+        """Tokens a new admission may claim: free + evictable − owed."""
+        return self.free() + self.cache.evictable_size - self.owed
+
+    def allocate(self, n: int) -> None:
         """Make ``n`` tokens free, evicting unlocked leaves as needed (n may be 0: settle a deficit)."""
-        short = n - self._free()
+        short = n - self.free()
         if short > 0:
             self.eviction.prepare(self.cache)
-            self.cache.evict(short, self.eviction.key, self._count_eviction, self.eviction.lowered_keys())
-            if self._free() < n:
+            self.cache.evict(short, self.eviction.key, self._evicting, self.eviction.lowered_keys())
+            if self.free() < n:
                 raise RuntimeError("KV accounting error: eviction could not make room")
 
-    def _count_eviction(self, node) -> None:
-        self.counters[f"evicted_tokens_{self.eviction.tier(node)}"] += node.length
-        self.counters["evicted_nodes"] += 1
+    def _evicting(self, node) -> None:
+        self.counters[EVICTED_TOKENS[self.eviction.tier(node)]] += node.length
+        self.counters[EVICTED_NODES] += 1
+        if self.events is not None:
+            self.events.evicting(self, node)
 
     # ------------------------------------------------------------------ prefill
-    def _form_prefill_batch(self) -> list[tuple[Seq, int, int]]:
+    def _prefill_batch(self) -> list[tuple[Seq, int, int]]:
         batch = self._admit()
         if batch:  # as SGLang does, evict once for the whole batch, after every admitted prefix is locked
-            self._allocate(0)
+            self.allocate(0)
         return batch
 
     def _admit(self) -> list[tuple[Seq, int, int]]:
-        """Admit in the policy's order while budgets and KV space allow; [(request, new tokens, cached)]."""
-        cfg, now, page = self.cfg, self.env.now, self.cfg.page_size
-        batch: list[tuple[Seq, int, int]] = []
-        rem_chunk, rem_input = cfg.chunked_prefill_size, cfg.max_prefill_tokens
-        promised = 0.0  # sglang admission: decode estimates of running requests and of this batch's
-        if self.chunked is not None:
-            seq = self.chunked
-            left = seq.fill_len - seq.done
-            take = left if left <= rem_chunk else rem_chunk - rem_chunk % page
-            self._take(seq, take)
-            batch.append((seq, take, seq.done))
-            rem_chunk -= take
-            rem_input -= take
-            if take < left:
-                return batch
-            self.chunked = None
-            promised += self._batch_charge(seq, take, last=True)
-        if not self.waiting or self.full:
-            return batch
+        """Admit in the policy's order while the budgets and KV space allow (SGLang's ``PrefillAdder``, see
+        :mod:`prism.sim.admission`); the batch: [(request, new tokens, cached tokens)]."""
+        cfg = self.cfg
+        adder = PrefillAdder(cfg, self.rule, self.capacity is not None)
+        if self.chunked is not None and not self._continue_chunk(adder):
+            return adder.batch
+        if not self.waiting or self.batch_is_full:
+            return adder.batch
         if len(self.active) >= cfg.max_running_requests:
-            self.full = True
-            return batch
-        if self.sglang_admission and self.capacity is not None:
-            promised += self._running_estimate()
-        ctx = SchedContext(now, self.cache, tuple(self.active.values()), self.hints,
+            self.batch_is_full = True
+            return adder.batch
+        adder.offset += self.rule.running_offset(self)
+        ctx = SchedContext(self.env.now, self.cache, tuple(self.active.values()), self.hints,
                            batch_hint=cfg.max_running_requests - len(self.active))
         plan = self.scheduler.plan(self.waiting, ctx)
+        self.counters[SCHEDULING_ROUNDS] += 1
         admitted: list[Seq] = []
         for seq in plan.order:
             if len(self.active) >= cfg.max_running_requests:
-                self.full = True
+                self.batch_is_full = True
                 break
-            if rem_chunk <= 0 or rem_input <= 0:
+            if not adder.has_budget():
                 break
             seq.realign(plan.align.get(seq.id))  # it matters once the request reaches the cache: applied here
-            hit, node = self.cache.match(seq.fill_key()[:-TOKEN_BYTES], now, seq.layout)
-            new = seq.fill_len - hit
+            hit, node = self.cache.match(seq.fill_key()[:-TOKEN_BYTES], self.env.now, seq.layout)
             self.cache.lock(node)
-            if self.sglang_admission:  # SGLang's check: extend + decode + one page < free + evictable − promised
-                need = new
-                fits = new + self._max_new(seq) + page < self._available() - promised
-            else:
-                need = new + seq.output_len - 1
-                fits = need <= self._available()
-            if self.capacity is not None and not fits:
+            new = seq.fill_len - hit
+            take, owed = adder.try_add(seq, new, self._available())
+            if not take:
                 self.cache.unlock(node)
-                self.full = True
+                self.batch_is_full = self.batch_is_full or adder.out_of_kv
                 break
-            if new > rem_input and batch:
-                self.cache.unlock(node)
-                break
-            take = new if new <= rem_chunk else rem_chunk - rem_chunk % page
-            if take <= 0:
-                self.cache.unlock(node)
-                break
-            if seq.resumed:
-                self.counters["reprefill_hit_tokens"] += hit
-                self.counters["reprefilled_tokens"] += new
-                seq.done = hit
-            else:
-                seq.hit = seq.done = hit
-            seq.node = node
-            if not seq.lane:  # a front end may have set it already
-                seq.lane = plan.lane(seq.id)
-            self.counters["front_alignment_moves"] += seq.realigned  # admitted in a new segment order
-            self.reserved += need
-            self._take(seq, take)
-            promised += self._batch_charge(seq, take, last=take == new)
-            batch.append((seq, take, hit))
+            self._start(seq, hit, node, take, owed, plan.lane(seq.id))
             admitted.append(seq)
-            self.active[seq.id] = seq
-            self.eviction.on_admit(seq)
-            self.hints.admit(seq.shared_ids())
-            rem_chunk -= take
-            rem_input -= take
             if take < new:
                 self.chunked = seq
                 break
@@ -292,35 +278,43 @@ class Engine:
             del self.waiting[:len(admitted)]
         else:
             self.waiting = list(plan.order[len(admitted):])
-        if admitted:
-            for seq in admitted:
-                self.counters[f"admitted_{seq.lane}_lane"] += 1
-            self.scheduler.on_dispatch(admitted, ctx)
-        return batch
+        self.books.dispatched(admitted, ctx)
+        return adder.batch
 
-    def _max_new(self, seq: Seq) -> int:
-        """SGLang's decode reservation of a request at admission: what it may still generate, clipped."""
-        return min(seq.output_len - seq.resumed, self.cfg.clip_max_new_tokens)
+    def _continue_chunk(self, adder: PrefillAdder) -> bool:
+        """The chunked request's next chunk goes first; True if it is its last (admission may go on)."""
+        seq = self.chunked
+        left = seq.fill_len - seq.kv_len
+        take = adder.add_chunk(seq, left)
+        self._claim(take)
+        if take < left:
+            return False
+        self.chunked = None
+        return True
 
-    def _batch_charge(self, seq: Seq, take: int, last: bool) -> int:
-        """What SGLang's prefill budget charges an admission beyond the ``take`` tokens the engine claims
-        (sglang admission): page rounding and one page, and the decode once its last chunk is in."""
-        if not self.sglang_admission:
-            return 0
-        page = self.cfg.page_size
-        return -take % page + page + (self._max_new(seq) if last else 0)
+    def _start(self, seq: Seq, hit: int, node, take: int, owed: int, lane: str) -> None:
+        """``seq`` joins the running batch with ``hit`` tokens cached (``node`` locked) and its first ``take``
+        tokens in this batch; the engine owes it ``owed`` KV tokens."""
+        new = seq.fill_len - hit
+        again = seq.retracted_output > 0
+        seq.kv_len = hit
+        if not again:
+            seq.hit = hit
+        seq.node = node
+        self.owed += owed
+        self._claim(take)
+        self.active[seq.id] = seq
+        self.books.admit(seq, lane, hit, new, again)
+        if self.on_admit is not None:
+            self.on_admit(seq)
+        if self.events is not None:
+            self.events.admitted(self, seq, hit)
 
-    def _running_estimate(self) -> float:
-        """SGLang's offset for running requests: remaining decode (clipped) x the new-token ratio.
-
-        It is asked at every admission round, over a running batch of hundreds on a GPU-sized pool: while no
-        running request's remaining decode can reach the clip, the sum is kept (Σ finish steps − n · step)."""
-        clip, step = self.cfg.clip_max_new_tokens, self.step
-        if not self.long_decodes:
-            remaining = self.sum_finish - len(self.decoding) * step
-        else:
-            remaining = sum(min(s.finish_step - step, clip) for _, s in self.decoding)
-        return remaining * self.ratio.current
+    def _claim(self, take: int) -> None:
+        """The next ``take`` tokens of a request's fill are computed in this batch (they were owed); the batch's
+        eviction settles the space before the iteration runs."""
+        self.inflight += take
+        self.owed -= take
 
     def _push_decoding(self, seq: Seq) -> None:
         heapq.heappush(self.decoding, (seq.finish_step, seq))
@@ -333,28 +327,22 @@ class Engine:
         self.long_decodes -= seq.output_len > self.cfg.clip_max_new_tokens
         return seq
 
-    def _take(self, seq: Seq, take: int) -> None:
-        """Claim KV for the next ``take`` prompt tokens of ``seq`` (already reserved); the batch's eviction
-        settles the space before the iteration runs."""
-        self.inflight += take
-        self.reserved -= take
-
     def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> None:
         now = self.env.now
         for seq, take, _ in batch:
-            tail = seq.done - seq.node.depth  # computed before this chunk, not in the tree
-            seq.done += take
+            tail = seq.kv_len - seq.node.depth  # computed before this chunk, not in the tree
+            seq.kv_len += take
             self.inflight -= take
-            _, node = self.cache.insert(seq.fill_key()[:seq.done * TOKEN_BYTES], now, seq.layout, start=seq.node)
-            self.tails += seq.done - node.depth - tail
+            _, node = self.cache.insert(seq.fill_key()[:seq.kv_len * TOKEN_BYTES], now, seq.layout, start=seq.node)
+            self.tails += seq.kv_len - node.depth - tail
             self.cache.relock(seq.node, node)
             seq.node = node
-            if seq.done < seq.fill_len:
+            if seq.kv_len < seq.fill_len:
                 continue
-            if not seq.resumed:
+            if not seq.retracted_output:
                 seq.prefill_end = now
                 seq.first_token = now + self.cost.first_token_s
-            generated = seq.resumed + 1  # a prefill samples one token
+            generated = seq.retracted_output + 1  # a prefill samples one token
             if generated == seq.output_len:
                 self._finish(seq)
             else:
@@ -369,11 +357,13 @@ class Engine:
         if generated:
             full = seq.key + output_token_bytes(generated)
             self.cache.insert(full, now, seq.layout, start=seq.node)
-            self.decode_alloc -= generated - seq.resumed  # the resumed tokens came with its last prefill
+            self.decode_alloc -= generated - seq.retracted_output  # the retracted output came with its last prefill
         if seq.finish_step:  # it decoded (finish_step is 0 when its prefill made its last token)
             self.sum_ctx -= seq.prompt_len + seq.output_len
         self._release(seq)
         seq.finish = max(now, seq.first_token)
+        if self.events is not None:
+            self.events.finished(self, seq)
         if self.on_finish is not None:
             self.on_finish(seq)
 
@@ -382,45 +372,32 @@ class Engine:
         self.tails -= seq.fill_len - seq.node.depth  # its partial page: in the tree now, or freed
         self.cache.unlock(seq.node)
         seq.node = None
-        self.full = False
+        self.batch_is_full = False
         del self.active[seq.id]
-        self.hints.release(seq.shared_ids())
+        self.books.release(seq)
 
     # ------------------------------------------------------------------ retraction (sglang admission)
-    def _check_decode_memory(self) -> None:
-        """Before a decode step: SGLang's ``update_running_batch``. If one token per running request does
-        not fit after evicting every unlocked leaf, retract (see :mod:`prism.sim.admission`); otherwise the
-        new-token ratio decays."""
-        if self.capacity is None or len(self.decoding) <= self._free() + self.cache.evictable_size:
-            self.ratio.decay_step()
-            return
-        step, keep = self.step, self.cfg.retract_decode_steps
-        order = keep_order(list(self.active.values()), lambda s: s.generated(step), lambda s: s.prompt_len)
-        retracted = []
-        while len(order) > 1 and (not retracted or len(order) > self._free() + self.cache.evictable_size):
-            seq = order.pop()
-            self._retract(seq)
-            retracted.append(seq)
-            # SGLang puts the freed space to use at once: evict until the kept requests have ``keep`` steps
-            self._allocate(min(len(order) * keep, self._free() + self.cache.evictable_size))
+    def retract(self, seq: Seq) -> None:
+        """Free a running request's KV without inserting it (its prompt stays in the tree, unlocked); it
+        will be prefilled again with the tokens it generated (:meth:`requeue_retracted`)."""
+        generated = seq.generated(self.step)
+        self.decode_alloc -= generated - 1 - seq.retracted_output
+        self.sum_ctx -= seq.prompt_len + generated
+        self._release(seq)
+        self.counters[RETRACTIONS] += 1
+        self.counters[RETRACTED_OUTPUT_TOKENS] += generated
+        seq.retracted_output = generated
+        seq.kv_len = 0
+        seq.finish_step = 0
+        if self.events is not None:
+            self.events.retracted(self, seq)
+
+    def requeue_retracted(self, retracted: list[Seq]) -> None:
+        """After a retraction: the decoding heap keeps the others; the retracted go to the back of the queue,
+        as SGLang appends them to its waiting queue."""
         gone = {s.id for s in retracted}
         kept = [s for _, s in self.decoding if s.id not in gone]
         self.decoding, self.sum_finish, self.long_decodes = [], 0, 0
         for s in kept:
             self._push_decoding(s)
-        self.ratio.after_retract(sum(s.generated(step) for s in order), sum(s.output_len for s in order),
-                                 len(order), keep)
-        self.waiting.extend(retracted)  # SGLang appends a retracted request to its waiting queue
-
-    def _retract(self, seq: Seq) -> None:
-        """Free a running request's KV without inserting it (its prompt stays in the tree, unlocked); it
-        will be prefilled again with the tokens it generated."""
-        generated = seq.generated(self.step)
-        self.decode_alloc -= generated - 1 - seq.resumed
-        self.sum_ctx -= seq.prompt_len + generated
-        self._release(seq)
-        self.counters["retractions"] += 1
-        self.counters["retracted_output_tokens"] += generated
-        seq.resumed = generated
-        seq.done = 0
-        seq.finish_step = 0
+        self.waiting.extend(retracted)

@@ -15,6 +15,7 @@ from collections import Counter
 import simpy
 
 from prism.policies.base import SchedContext, Scheduler
+from prism.policies.bookkeeping import release_window
 
 from prism.sim.engine import Engine, Seq
 
@@ -49,12 +50,6 @@ class FrontEnd:
 
     def _release(self) -> None:
         eng = self.engine
-        batch, self.buffer = self.buffer, []
-        ctx = SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=len(batch))
-        plan = self.scheduler.plan(batch, ctx)
-        for seq in plan.order:
-            seq.realign(plan.align.get(seq.id))
-            seq.lane = plan.lane(seq.id)
-            eng.submit(seq)
-        self.scheduler.on_dispatch(plan.order, ctx)
-        self.counters["frontend_windows"] += 1
+        held, self.buffer = self.buffer, []
+        ctx = SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=len(held))
+        release_window(self.scheduler, held, ctx, eng.submit, self.counters)

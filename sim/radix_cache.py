@@ -9,8 +9,9 @@ Nodes carry the owner segment of their tokens (``kind``, ``seg_id``), from the p
 insertion, by the rule of :mod:`prism.policies.anchors`. With ``anchors=True`` every segment boundary becomes
 a node boundary (DART's anchors), so each node belongs to exactly one segment.
 
-One walk (:meth:`RadixCache._walk`) serves the peeks (``match_len``, ``match_path``), admission (``match``)
-and ``insert``; they differ in whether it splits a partly matched node and stamps the nodes it enters.
+One walk (:meth:`~prism.policies.prefix_tree.PrefixTree._walk`, shared with the router's and the live
+cache's trees) serves the peeks (``match_len``, ``match_path``), admission (``match``) and ``insert``; they
+differ in whether it splits a partly matched node and stamps the nodes it enters.
 """
 
 from __future__ import annotations
@@ -23,26 +24,28 @@ from typing import Callable, Collection, Iterator
 import numpy as np
 
 from prism.core import PRIV, TOKEN_BYTES, TOKEN_DTYPE
-from prism.policies.anchors import Layout, ResidentSegments, owner, pieces
+from prism.policies.anchors import Layout, ResidentSegments, hand_over, pieces, split_owner
+from prism.policies.prefix_tree import PrefixTree
 
 
 class Node:
     """One edge of the tree. ``parent``, ``children``, ``key``, ``lock_ref``, ``last_access_time`` and
-    ``hit_count`` are SGLang's ``TreeNode`` names; two numbers tell nodes apart:
+    ``hit_count`` are SGLang's ``TreeNode`` names; two numbers tell nodes apart (:func:`~prism.policies.anchors
+    .hand_over` sets them at a split, for this tree and the live one alike):
 
-    * ``place``: the position in the tree the node holds. A split's upper part takes over the position and
-      its place; the lower part moves to a new place. Siblings sorted by place are thus in the order their
-      keys entered the parent's ``children``, SGLang's child order (``match_path`` reports places).
-    * ``serial``: creation order of node objects (a split's upper part is the newer object). Eviction breaks
-      ties with it, as the live cache does with its own ``serial``.
+    * ``position``: the position in the tree the node holds. A split's upper part takes over the position;
+      the lower part moves to a new one. Siblings sorted by position are thus in the order their keys entered
+      the parent's ``children``, SGLang's child order (``match_path`` reports positions).
+    * ``created``: creation order of node objects (a split's upper part is the newer object). Eviction breaks
+      ties with it, as the live cache does with its own ``created``.
     """
 
-    __slots__ = ("place", "serial", "parent", "children", "key", "length", "depth", "lock_ref", "last_access_time",
-                 "hit_count", "kind", "seg_id")
+    __slots__ = ("position", "created", "parent", "children", "key", "length", "depth", "lock_ref",
+                 "last_access_time", "hit_count", "kind", "seg_id")
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
-        self.place = self.serial = node_id
+        self.position = self.created = node_id
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.key = key
@@ -55,20 +58,17 @@ class Node:
         self.seg_id = seg_id
 
     def __repr__(self) -> str:
-        return (f"Node(place={self.place}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, "
+        return (f"Node(position={self.position}, len={self.length}, depth={self.depth}, {self.kind}:{self.seg_id}, "
                 f"lock={self.lock_ref})")
 
 
-class RadixCache:
+class RadixCache(PrefixTree):
     """Radix KV cache in token units. ``capacity=None`` means unbounded (the infinite-cache reference)."""
 
     def __init__(self, capacity: int | None = None, page_size: int = 1, anchors: bool = False) -> None:
-        if page_size < 1:
-            raise ValueError("page_size must be >= 1")
+        super().__init__(page_size)
         self.capacity = capacity
-        self.page_size = page_size
         self.anchors = anchors
-        self._pb = page_size * TOKEN_BYTES
         self._next_id = 1
         self.root = Node(0, None, b"", 0, 0.0, kind="sys", seg_id="")
         self.root.lock_ref = 1
@@ -87,83 +87,7 @@ class RadixCache:
         self._tick = count()
         self._pass_start = 0
 
-    # ---------------------------------------------------------------- lookups
-    def _lcp(self, a: bytes, b: bytes) -> int:
-        """Common prefix of two token byte strings, in tokens, floored to the page size.
-
-        A bisection over whole pages, each step one comparison of byte slices in C: a partly matched node
-        usually diverges hundreds of tokens in (at a segment boundary), where this takes a third less time
-        than comparing token arrays in numpy, whose fixed cost per call dominates."""
-        pb = self._pb
-        lo, hi = 0, min(len(a), len(b)) // pb  # pages: the first lo are equal; past hi there are none
-        if a[:hi * pb] == b[:hi * pb]:
-            return hi * self.page_size
-        while hi - lo > 1:  # the first hi pages differ somewhere
-            mid = (lo + hi) // 2
-            if a[lo * pb:mid * pb] == b[lo * pb:mid * pb]:
-                lo = mid
-            else:
-                hi = mid
-        return lo * self.page_size
-
-    def _walk(self, key: bytes, node: Node, pos: int, split: bool, now: float | None = None, hit: bool = False,
-              layout: Layout | None = None, path: list | None = None) -> tuple[Node, int, Node | None]:
-        """The one descent of the tree along ``key``, from ``node`` (which ends at byte ``pos`` of ``key``).
-
-        ``split``: split a partly matched child at the match and go on into its upper part (admission and
-        insertion do, as SGLang does), or stop above it (peeks). ``now``: stamp every node entered with this
-        access time and, with ``hit``, count a hit; None leaves nodes untouched. ``path``: a list to which the
-        (place, end depth) of every child entered is appended, a partly matched one included.
-
-        Returns the last node matched whole, its end in bytes of ``key``, and the partly matched child where a
-        peek stopped (None if the walk ended at a node boundary)."""
-        pb, n = self._pb, len(key)
-        while pos < n:
-            child = node.children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            if path is not None:
-                path.append((child.place, child.depth))
-            ck = child.key
-            if not key.startswith(ck, pos):
-                if not split:
-                    return node, pos, child
-                if now is not None:  # SGLang stamps the child before it splits it: both parts are touched
-                    child.last_access_time = now
-                child = self._split(child, self._lcp(ck, key[pos:pos + len(ck)]), layout)
-                ck = child.key
-            if now is not None:
-                child.last_access_time = now
-                if hit:
-                    child.hit_count += 1
-            pos += len(ck)
-            node = child
-        return node, pos, None
-
-    def match_len(self, key: bytes) -> int:
-        """Cached tokens of ``key``: a peek that changes nothing (for schedulers).
-
-        The descent of ``_walk`` without its options: cache-aware schedulers peek at every waiting request
-        every round (k-LPM's match is 30% of its run; this loop saves a third of it)."""
-        children, pos, n, pb = self.root.children, 0, len(key), self._pb
-        while pos < n:
-            child = children.get(key[pos:pos + pb])
-            if child is None:
-                break
-            ck = child.key
-            if not key.startswith(ck, pos):
-                return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
-            pos += len(ck)
-            children = child.children
-        return pos // TOKEN_BYTES
-
-    def match_path(self, key: bytes) -> list[tuple[int, int]]:
-        """(place, end depth) of the nodes the cached part of ``key`` runs through (a partly matched node
-        included: ``match_len`` tells where in it the match ends)."""
-        path: list[tuple[int, int]] = []
-        self._walk(key, self.root, 0, False, path=path)
-        return path
-
+    # ---------------------------------------------------------------- lookups (peeks: PrefixTree's)
     def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
         """Match for admission: split a partly matched node, refresh access times and hit counts.
 
@@ -225,10 +149,9 @@ class RadixCache:
         cut = m * TOKEN_BYTES
         parent = child.parent
         depth = child.depth - child.length + m
-        kind, seg = owner(layout, depth) if layout else (child.kind, child.seg_id)
-        upper = Node(child.place, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
-        # the upper part takes over the place and is the newer object; the lower part moves to a new place
-        upper.serial = child.place = self._next_id
+        kind, seg = split_owner(layout, depth, child)
+        upper = Node(0, parent, child.key[:cut], depth, child.last_access_time, kind, seg)
+        hand_over(upper, child, self._next_id)
         self._next_id += 1
         self.resident.add(kind, seg)
         upper.lock_ref = child.lock_ref
@@ -331,7 +254,7 @@ class RadixCache:
             if parent is not root and not parent.children:  # the parent is a leaf now
                 self._add_leaf(parent)
                 if parent.lock_ref == 0:  # a candidate now: often the next to go
-                    heapq.heappush(heap, (key(parent), parent.serial, next(tick), parent))
+                    heapq.heappush(heap, (key(parent), parent.created, next(tick), parent))
             if freed >= num_tokens:
                 break
             node = self._pop(key)
@@ -343,7 +266,7 @@ class RadixCache:
         """The candidate heap, brought up to this pass (see ``evict``)."""
         tick, heap, fresh, lowered = self._tick, self._heap, self._fresh, self._lowered
         if lowered is None or len(heap) > 2 * len(self._leaves) + 64:
-            heap = self._heap = [(key(n), n.serial, next(tick), n) for n in self._leaves if n.lock_ref == 0]
+            heap = self._heap = [(key(n), n.created, next(tick), n) for n in self._leaves if n.lock_ref == 0]
             heapq.heapify(heap)
         else:
             if lowered:
@@ -351,7 +274,7 @@ class RadixCache:
                 fresh += [n for seg in lowered for n in leaves_of.get(seg, ())]
             for n in fresh:
                 if n.lock_ref == 0 and not n.children and n.parent is not None:
-                    heapq.heappush(heap, (key(n), n.serial, next(tick), n))
+                    heapq.heappush(heap, (key(n), n.created, next(tick), n))
         fresh.clear()
         if lowered is None or lowered:
             self._lowered = set()

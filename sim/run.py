@@ -13,15 +13,17 @@ from typing import Any, Callable, Mapping
 import simpy
 
 from prism.core import Request
-from prism.metrics import RequestRecord, run_summary
+from prism.metrics import RequestRecord, instance_summary, run_summary
 from prism.output import InterruptsHeld
-from prism.policies.registry import make_policies
-from prism.settings import RunSpec, kv_capacity
+from prism.policies.registry import make_router
+from prism.settings import RunSpec
 from prism.traces.stats import infinite_cache_hit_rate
 
 from prism.sim.client import Client
-from prism.sim.engine import Engine, Seq
-from prism.sim.frontend import FrontEnd
+from prism.sim.cluster import RouterProcess
+from prism.sim.engine import Seq
+from prism.sim.events import EngineEvents
+from prism.sim.instance import Instance
 
 
 @dataclass
@@ -47,39 +49,53 @@ def record_of(seq: Seq, instance: int | None = None) -> RequestRecord:
 
 
 def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[RequestRecord], None] | None = None,
-             served_reference: bool = False) -> SimResult:
-    """Replay ``spec.trace`` through one simulated engine; deterministic for a given spec.
+             served_reference: bool = False, routed: bool = False, events: EngineEvents | None = None) -> SimResult:
+    """Replay ``spec.trace`` through the run's instances; deterministic for a given spec.
 
-    ``on_record`` sees each request's record as it finishes (to write results as they come).
-    ``served_reference`` adds ``served_infinite_cache_hit_rate``: the hit rate an unbounded cache would reach
-    on the prompts as this run served them (after any realignment, in admission order), the ceiling for any
-    eviction policy under this run's schedule. The trace-order figure (``infinite_cache_hit_rate``) is not
-    that ceiling for a scheduler that reorders segments.
-
-    A spec with ``cluster.instances > 1`` runs on a cluster (:func:`prism.sim.cluster.simulate_cluster`).
+    One instance is a single engine; ``spec.cluster.instances`` > 1 puts them behind ``spec.cluster.router``
+    (``routed``: a router even in front of one instance, which serves as the single engine does, byte for
+    byte). ``on_record`` sees each request's record as it finishes (to write results as they come); records
+    carry their instance behind a router. ``served_reference`` adds ``served_infinite_cache_hit_rate``: the
+    hit rate an unbounded cache would reach on the prompts as this run served them (after any realignment, in
+    admission order), the ceiling for any eviction policy under this run's schedule. The trace-order figure
+    (``infinite_cache_hit_rate``) is not that ceiling for a scheduler that reorders segments. ``events``: an
+    observer of every engine (:mod:`prism.sim.events`).
 
     The cyclic garbage collector is paused meanwhile (see :func:`_collector_paused`)."""
     with _collector_paused():
-        return _simulate(spec, progress, on_record, served_reference)
+        return _simulate(spec, progress, on_record, served_reference, routed or spec.cluster.instances > 1,
+                         events)
+
+
+def simulate_cluster(spec: RunSpec, **kwargs: Any) -> SimResult:
+    """:func:`simulate` behind the run's router, even on one instance."""
+    return simulate(spec, routed=True, **kwargs)
 
 
 def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord], None] | None,
-              served_reference: bool) -> SimResult:
-    if spec.cluster.instances > 1:
-        from prism.sim.cluster import simulate_cluster  # it builds on this module
-
-        return simulate_cluster(spec, progress=progress, on_record=on_record, served_reference=served_reference)
+              served_reference: bool, routed: bool, events: EngineEvents | None) -> SimResult:
     run = Replay(spec, progress, on_record, served_reference)
-    capacity = kv_capacity(spec.engine, spec.profile, spec.trace, spec.trace_source)
-    policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
-                             requests=spec.trace.requests)
-    eng = Engine(run.env, spec.engine, spec.profile.cost, policies.scheduler, policies.eviction, capacity,
-                 policies.hints, run.finished)
-    front = (FrontEnd(run.env, eng, policies.front_end, spec.deployment.window_s)
-             if policies.front_end is not None else None)
-    run.client = Client(run.env, front or eng, spec.trace.requests, spec.engine.max_concurrency)
-    return run.run(lambda complete: run.result(
-        {**eng.counters, **policies.stats(), **(front.counters if front else {})}, capacity, complete))
+    policy = make_router(spec.cluster.router, spec.router_configs) if routed else None
+    instances = [Instance(i, run.env, spec, run.finisher(i if routed else None),
+                          policy is not None and policy.reads_queued_prefill, events)
+                 for i in range(spec.cluster.instances)]
+    entry = instances[0] if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
+                                                              spec.cluster.view_interval_s)
+    run.client = Client(run.env, entry, spec.trace.requests, spec.engine.max_concurrency)
+
+    def result(complete: bool) -> SimResult:
+        counters: dict[str, int] = {}
+        for inst in instances:
+            for k, v in inst.counters().items():
+                counters[k] = counters.get(k, 0) + v
+        if policy is None:
+            return run.result(counters, instances[0].capacity, complete)
+        for k, v in policy.stats().items():
+            counters[k] = counters.get(k, 0) + v
+        return run.result(counters, sum(i.capacity for i in instances), complete,
+                          cluster=instance_summary(spec, run.records, [(i.profile, i.capacity) for i in instances]))
+
+    return run.run(result)
 
 
 class Replay:
@@ -99,6 +115,10 @@ class Replay:
         # as the engines served them: final segment order; arrival = admission
         self.served: list[Request] | None = [] if served_reference else None
         self.client: Client | None = None  # set once the engines exist: it hands them the trace
+
+    def finisher(self, instance: int | None) -> Callable[[Seq], None]:
+        """What an instance calls when a request finishes (``instance``: where a router sent it)."""
+        return lambda seq: self.finished(seq, instance)
 
     def finished(self, seq: Seq, instance: int | None = None) -> None:
         self.records.append(record_of(seq, instance))

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from prism.counters import SWEEP_COUNTERS
 from prism.errors import UserError
 from prism.metrics import RequestRecord, csv_float, read_summary, write_json, write_requests_csv
 from prism.output import check_out_file, prepare_out_dir, write_csv
@@ -53,9 +54,7 @@ ROW_FIELDS = ["series", "method", "scheduler", "eviction", "router", "instances"
               "ttft_mean_s", "ttft_p50_s",
               "ttft_p90_s", "ttft_p95_s", "ttft_p99_s", "w_admit_p50_s", "w_admit_p99_s", "hit_rate",
               "belady_hit_rate", "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps",
-              "evicted_tokens_private",
-              "evicted_tokens_reusable", "evicted_tokens_protected", "admitted_hot_lane", "admitted_cold_lane",
-              "front_alignment_moves", "retractions", "reprefilled_tokens", "imbalance", "wall_s"]
+              *SWEEP_COUNTERS, "imbalance", "wall_s"]
 AGG_METRICS = ["ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "hit_rate", "belady_hit_rate",
                "infinite_cache_hit_rate", "served_infinite_cache_hit_rate", "throughput_rps", "retractions",
                "imbalance"]
@@ -213,12 +212,7 @@ def row_of(summary: dict[str, Any]) -> dict[str, Any]:
         "infinite_cache_hit_rate": summary["infinite_cache_hit_rate"],
         "served_infinite_cache_hit_rate": summary.get("served_infinite_cache_hit_rate", ""),
         "throughput_rps": summary["throughput_rps"],
-        "evicted_tokens_private": c.get("evicted_tokens_private", 0),
-        "evicted_tokens_reusable": c.get("evicted_tokens_reusable", 0),
-        "evicted_tokens_protected": c.get("evicted_tokens_protected", 0),
-        "admitted_hot_lane": c.get("admitted_hot_lane", 0), "admitted_cold_lane": c.get("admitted_cold_lane", 0),
-        "front_alignment_moves": c.get("front_alignment_moves", 0), "retractions": c.get("retractions", 0),
-        "reprefilled_tokens": c.get("reprefilled_tokens", 0), "imbalance": cl.get("imbalance", ""),
+        **{name: c.get(name, 0) for name in SWEEP_COUNTERS}, "imbalance": cl.get("imbalance", ""),
         "wall_s": summary["wall_s"],
     }
 

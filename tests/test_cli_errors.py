@@ -145,9 +145,11 @@ def test_example_config_shows_every_knob_at_its_default():
     lines = [ln[2:] if re.match(r"# (\w+|  \w+):", ln) else ln for ln in text.splitlines()]
     shown = yaml.safe_load("\n".join(lines))
     sections = {"engine": EngineConfig, "cluster": ClusterConfig}
-    for entry in (*registry.SCHEDULERS.values(), *registry.EVICTIONS.values(), *registry.ROUTERS.values()):
-        if entry.section:
-            sections[entry.section] = registry._lazy(entry.config) if isinstance(entry.config, str) else entry.config
+    for table in (registry.SCHEDULERS, registry.EVICTIONS, registry.ROUTERS):
+        for name in table:
+            cls = registry.policy_class(table, name)
+            if cls.knob_section():
+                sections[cls.knob_section()] = cls.Knobs
     for name, cls in sections.items():
         defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                     for f in dataclasses.fields(cls)}

@@ -15,7 +15,7 @@ from conftest import PRIV, REUSE, SYS, make_trace
 from prism.cli.sim import main as sim_main
 from prism.metrics import write_requests_csv
 from prism.settings import ClusterConfig, EngineConfig, RunSpec, settings_from
-from prism.sim.cluster import simulate_cluster
+from prism.sim.run import simulate_cluster
 from prism.sim.run import simulate
 from prism.traces.spec import generate
 from prism.traces.zipf import ZipfHotspotSpec

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import PRIV, REUSE, SYS, make_trace
 from prism.calibration.cost_model import CostModel, Profile, load_profile
-from prism.sim import engine as engine_mod
+from prism.sim.events import EngineEvents
 from prism.metrics import write_requests_csv
 from prism.settings import EngineConfig, RunSpec
 from prism.sim.run import simulate
@@ -29,39 +29,34 @@ def profile():
     return load_profile()
 
 
-@pytest.fixture
-def audited(monkeypatch):
-    """Check the cache's bookkeeping and the KV capacity after every prefill and decode step."""
-    seen = {"checks": 0}
-    orig_end, orig_finish = engine_mod.Engine._end_prefill, engine_mod.Engine._finish
+class Audit(EngineEvents):
+    """Checks the cache's bookkeeping and the KV capacity after every prefill and every finish."""
 
-    def check(self):
-        self.cache.check()
-        used = self.cache.size + self.decode_alloc + self.tails + self.inflight
-        assert self.capacity is None or used <= self.capacity, (used, self.capacity)
-        assert self.reserved >= 0 and self.decode_alloc >= 0 and self.inflight >= 0
-        seen["checks"] += 1
+    def __init__(self) -> None:
+        self.checks = 0
 
-    def end_prefill(self, batch):
-        orig_end(self, batch)
-        check(self)
+    def check(self, eng) -> None:
+        eng.cache.check()
+        used = eng.cache.size + eng.decode_alloc + eng.tails + eng.inflight
+        assert eng.capacity is None or used <= eng.capacity, (used, eng.capacity)
+        assert eng.owed >= 0 and eng.decode_alloc >= 0 and eng.inflight >= 0
+        self.checks += 1
 
-    def finish(self, seq):
-        orig_finish(self, seq)
-        check(self)
+    def prefill_ended(self, eng, batch) -> None:
+        self.check(eng)
 
-    monkeypatch.setattr(engine_mod.Engine, "_end_prefill", end_prefill)
-    monkeypatch.setattr(engine_mod.Engine, "_finish", finish)
-    return seen
+    def finished(self, eng, seq) -> None:
+        self.check(eng)
 
 
 @pytest.mark.parametrize("sched,evict", METHODS)
-def test_every_request_completes_once_and_ttft_decomposes(trace, profile, audited, sched, evict):
+def test_every_request_completes_once_and_ttft_decomposes(trace, profile, sched, evict):
     cfg = EngineConfig(max_total_tokens=6000, chunked_prefill_size=1024, max_running_requests=16)
-    res = simulate(RunSpec.build(trace, sched, evict, engine=cfg, profile=profile))
+    audit = Audit()
+    res = simulate(RunSpec.build(trace, sched, evict, engine=cfg, profile=profile), events=audit)
     ids = [r.id for r in res.records]
     assert sorted(ids) == [r.id for r in trace.requests]  # each exactly once
-    assert audited["checks"] > len(trace)
+    assert audit.checks > len(trace)
     for r in res.records:
         assert r.ttft == pytest.approx(r.w_admit + r.t_prefill + r.t_1tok, abs=1e-12)
         assert 0 <= r.hit_tokens < r.prompt_tokens
@@ -74,9 +69,9 @@ def test_every_request_completes_once_and_ttft_decomposes(trace, profile, audite
     assert res.counters["evicted_nodes"] > 0, "the test capacity should force eviction"
 
 
-def test_concurrency_limit_and_chunking(trace, profile, audited):
+def test_concurrency_limit_and_chunking(trace, profile):
     cfg = EngineConfig(max_total_tokens=20000, chunked_prefill_size=256, max_concurrency=4)
-    res = simulate(RunSpec.build(trace.head(60), "fcfs", "lru", engine=cfg, profile=profile))
+    res = simulate(RunSpec.build(trace.head(60), "fcfs", "lru", engine=cfg, profile=profile), events=Audit())
     events = sorted([(r.sent, 1) for r in res.records] + [(r.finish, -1) for r in res.records],
                     key=lambda e: (e[0], e[1]))
     level = peak = 0
@@ -89,16 +84,18 @@ def test_concurrency_limit_and_chunking(trace, profile, audited):
     assert res.counters["prefill_iterations"] >= 60 * 2
 
 
-def test_a_prompts_partial_page_is_in_use_until_it_finishes(profile, audited):
+def test_a_prompts_partial_page_is_in_use_until_it_finishes(profile):
     """Found by tests/test_invariants.py: the tree holds whole pages, so a 30-token prompt on pages of 16 left
     14 computed tokens outside the tree that nobody counted; its finish inserted them with its output (a
     whole page more than its decode had allocated) and the tree grew to 48 tokens in a 40-token cache."""
     trace = make_trace([(0.0, [(PRIV, "q0", 30)], 3), (0.004, [(PRIV, "q1", 22)], 1)])  # 1 comes while 0 decodes
+    audit = Audit()
     res = simulate(RunSpec.build(trace, "fcfs", "lru", profile=profile,
-                                 engine=EngineConfig(max_total_tokens=40, page_size=16, admission="full")))
+                                 engine=EngineConfig(max_total_tokens=40, page_size=16, admission="full")),
+                   events=audit)
     first, second = sorted(res.records, key=lambda r: r.id)
     assert second.prefill_start >= first.finish  # request 1 waits until request 0's partial page is freed
-    assert audited["checks"] >= 3
+    assert audit.checks >= 3
 
 
 def test_same_seed_same_bytes(tmp_path, profile):

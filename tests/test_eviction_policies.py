@@ -92,7 +92,7 @@ def test_dart_without_hints_evicts_exactly_as_lru(reqs, capacity):
             over = cache.size - capacity
             if over > 0:
                 policies[name].prepare(cache)
-                cache.evict(over, policies[name].key, lambda n, name=name: evicted[name].append(n.serial))
+                cache.evict(over, policies[name].key, lambda n, name=name: evicted[name].append(n.created))
     assert evicted["lru"] == evicted["dart"]
 
 
@@ -127,7 +127,7 @@ def test_incremental_eviction_matches_a_full_sort_every_pass(seed, capacity, pag
     from prism.policies.base import EvictionPolicy
     from prism.policies.belady import Belady
     from prism.policies.eviction import LFU, LRUActive
-    from prism.sim import engine
+    from prism.sim.events import EngineEvents
     from prism.traces.spec import load_trace
 
     trace = load_trace("zipf", {"num_requests": 150, "seed": seed, "qps": 40})
@@ -137,17 +137,22 @@ def test_incremental_eviction_matches_a_full_sort_every_pass(seed, capacity, pag
         method, method.split("+"))
     if capacity < max(r.prompt_len + r.output_len for r in trace.requests):
         return
+    class Evictions(EngineEvents):
+        def __init__(self) -> None:
+            self.created: list[int] = []
+
+        def evicting(self, eng, node) -> None:
+            self.created.append(node.created)
+
     runs = []
     for full in (False, True):
-        evicted = []
+        evicted = Evictions()
         with pytest.MonkeyPatch.context() as mp:
-            count = engine.Engine._count_eviction
-            mp.setattr(engine.Engine, "_count_eviction", lambda self, n: (evicted.append(n.serial), count(self, n)))
             if full:
                 for cls in (LRU, LFU, LRUActive, DART, Belady):
                     mp.setattr(cls, "lowered_keys", EvictionPolicy.lowered_keys)
             res = simulate(RunSpec.build(trace, scheduler, eviction, engine=cfg, knobs=knobs,
-                                         profile=load_profile()))
-        runs.append((evicted, res.records))
+                                         profile=load_profile()), events=evicted)
+        runs.append((evicted.created, res.records))
     assert runs[0][0], "no eviction: the case tests nothing"
     assert runs[0] == runs[1]

@@ -36,9 +36,11 @@ from hypothesis import strategies as st
 
 from prism.calibration.cost_model import CostModel, load_profile
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
+from prism.policies import registry
 from prism.settings import EngineConfig, RunSpec
-from prism.sim import engine as engine_mod
 from prism.sim import radix_cache as cache_mod
+from prism.sim.admission import SGLangRule
+from prism.sim.events import EngineEvents
 from prism.sim.run import simulate
 from prism.traces.stats import infinite_cache_hits
 from prism.traces.trace import Trace
@@ -49,8 +51,8 @@ PROFILE = load_profile()
 FIRST_TOKEN_S = PROFILE.cost.first_token_s
 
 #: every scheduler the registry has, QAS in both deployments ("qas_window": a front end, window_s > 0)
-SCHEDULERS = ["fcfs", "lpm", "dfs_weight", "klpm", "contextpilot", "qas", "qas_window"]
-EVICTIONS = ["lru", "lfu", "lru_active", "dart", "belady"]
+SCHEDULERS = [*registry.SCHEDULERS, "qas_window"]
+EVICTIONS = list(registry.EVICTIONS)
 
 EXAMPLES = int(os.environ.get("PRISM_INVARIANT_EXAMPLES", 200))  # per scheduler deployment; all properties each
 
@@ -136,6 +138,7 @@ def knobs(draw, scheduler: str, eviction: str) -> dict:
 
 @st.composite
 def runs(draw, scheduler: str) -> RunSpec:
+    """A random trace and engine under ``scheduler`` (any registered name) and a random eviction policy."""
     trace = draw(st.one_of(small_traces(), small_traces(), small_traces(), zipf_traces()))
     eviction = draw(st.sampled_from(EVICTIONS))
     sched = "qas" if scheduler == "qas_window" else scheduler
@@ -150,7 +153,7 @@ def tree_snapshot(cache: cache_mod.RadixCache) -> tuple:
     stack = [cache.root]
     while stack:
         n = stack.pop()
-        nodes.append((id(n), n.place, n.serial, id(n.parent), n.key, n.length, n.depth, n.lock_ref,
+        nodes.append((id(n), n.position, n.created, id(n.parent), n.key, n.length, n.depth, n.lock_ref,
                       n.last_access_time, n.hit_count, n.kind, n.seg_id,
                       tuple((k, id(c)) for k, c in n.children.items())))
         stack.extend(n.children.values())
@@ -172,12 +175,14 @@ def attached(cache: cache_mod.RadixCache, node) -> bool:
     return True
 
 
-class Observer:
-    """Wraps the engine's and the cache's methods for one run and checks the invariants at every event."""
+class Observer(EngineEvents):
+    """Checks the invariants at every event the engine emits (:mod:`prism.sim.events`), from counts of its
+    own; it wraps the cache's peeks of the one engine it observes to check that they change nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, peek_every: int = 1) -> None:
         self.engine = None
-        self.finished: Counter = Counter()
+        self.peek_every = peek_every
+        self.finished_ids: Counter = Counter()
         self.admitted_hit: dict[int, int] = {}  # request id -> cached tokens at its (first) admission
         self.start: dict[int, float] = {}  # request id -> start of the first prefill iteration it was in
         self.end: dict[int, float] = {}  # request id -> end of its last prefill chunk
@@ -186,7 +191,8 @@ class Observer:
         self.batch_tokens = 0  # the prefill batch being computed (observer's count)
         self.decode_starts = 0  # decode iterations started so far
         self.decode_since: dict[int, int] = {}  # decoding request id -> decode_starts when its prefill ended
-        self.retracted: list[int] = []  # request ids, in order of retraction
+        self.retracted_ids: list[int] = []  # request ids, in order of retraction
+        self.before_check: tuple | None = None  # (running requests' keys, whether the step fitted)
         self.in_prefill_end = False
         self.events = Counter()
 
@@ -196,19 +202,22 @@ class Observer:
         cache = eng.cache
         cache.check()
         decoding = sum(self.decode_starts - self.decode_since[s.id] for _, s in eng.decoding)
-        tails = sum(s.done - s.node.depth for s in eng.active.values())  # prompt KV outside the tree (pages)
+        tails = sum(s.kv_len - s.node.depth for s in eng.active.values())  # prompt KV outside the tree (pages)
         used = tree_tokens(cache) + decoding + tails + self.batch_tokens
         assert used <= eng.capacity, f"{where}: KV in use {used} > capacity {eng.capacity}"
         assert (cache.size, eng.decode_alloc, eng.tails, eng.inflight) == (
             tree_tokens(cache), decoding, tails, self.batch_tokens), \
             f"{where}: engine's KV accounting differs from the observer's"
-        assert eng.reserved >= 0, f"{where}: negative reservation"
-        clip, step = eng.cfg.clip_max_new_tokens, eng.step  # SGLang's running estimate, summed afresh
-        assert eng._running_estimate() == sum(min(s.finish_step - step, clip) for _, s in eng.decoding) * \
-            eng.ratio.current, f"{where}: the running requests' decode estimate differs from its sum"
-        # lock references are exactly the running requests' paths (the root's own lock aside)
+        assert eng.owed >= 0, f"{where}: negative reservation"
+        if isinstance(eng.rule, SGLangRule):  # SGLang's running estimate, summed afresh
+            clip, step = eng.cfg.clip_max_new_tokens, eng.step
+            assert eng.rule.running_offset(eng) == sum(min(s.finish_step - step, clip) for _, s in eng.decoding) \
+                * eng.rule.ratio.current, f"{where}: the running requests' decode estimate differs from its sum"
+        # lock references are exactly the running requests' paths (the root's own lock aside), which hang
+        # from the root (an eviction pass never takes a locked node)
         expected: Counter = Counter()
         for seq in eng.active.values():
+            assert attached(cache, seq.node), f"{where}: a locked node left the tree"
             n = seq.node
             while n is not cache.root:
                 expected[id(n)] += 1
@@ -218,165 +227,120 @@ class Observer:
         assert cache.root.lock_ref == 1
         self.events[where] += 1
 
-    # ------------------------------------------------------------------ wrappers
-    @contextlib.contextmanager
-    def installed(self, peek_every: int = 1):
-        E, C = engine_mod.Engine, cache_mod.RadixCache
-        orig = {name: getattr(E, name) for name in ("__init__", "_loop", "_form_prefill_batch", "_end_prefill",
-                                                     "_finish", "_allocate", "_check_decode_memory", "_retract")}
-        corig = {name: getattr(C, name) for name in ("evict", "insert", "match", "match_len", "match_path")}
-        decode_time = CostModel.decode_time
-        obs = self
+    # ------------------------------------------------------------------ events
+    def attached(self, eng) -> None:
+        assert self.engine is None, "one engine per run"
+        self.engine = eng
+        for name in ("match_len", "match_path"):  # the peeks schedulers and routers make
+            setattr(eng.cache, name, self._checked_peek(eng.cache, name))
 
-        def init(eng, *a, **kw):
-            assert obs.engine is None, "one engine per run"
-            obs.engine = eng
-            orig["__init__"](eng, *a, **kw)
+    def _checked_peek(self, cache, name):
+        peek = getattr(cache, name)
 
-        def loop(eng):  # every iteration: check the state when the engine yields (iteration start, idle)
-            gen = orig["_loop"](eng)
-            value = None
-            while True:
-                step = gen.send(value)
-                obs.audit("iteration")
-                obs.events["full"] += eng.full
-                value = yield step
-
-        def form(eng):
-            batch = orig["_form_prefill_batch"](eng)
-            assert obs.batch_tokens == 0, "a prefill batch while another one runs"
-            for seq, take, cached in batch:
-                assert take > 0, "a prefill chunk of no tokens"
-                obs.batch_tokens += take
-                if seq.id not in obs.start:
-                    obs.start[seq.id] = eng.env.now
-                    obs.admitted_hit[seq.id] = cached
-                    obs.served.append(Request(seq.id, eng.env.now, seq.segments, seq.output_len))
-            return batch
-
-        def end_prefill(eng, batch):
-            obs.in_prefill_end = True
-            orig["_end_prefill"](eng, batch)
-            obs.in_prefill_end = False
-            obs.batch_tokens = 0
-            for seq, _, _ in batch:
-                if seq.done == seq.fill_len:
-                    obs.end.setdefault(seq.id, eng.env.now)  # the first prefill's end (TTFT)
-                    if seq.id in eng.active:  # decoding from here (from its generated tokens if resumed)
-                        obs.decode_since[seq.id] = obs.decode_starts
-            obs.audit("prefill end")
-
-        def check_decode_memory(eng):
-            running = {s.id: (s.generated(eng.step), s.prompt_len) for s in eng.active.values()}
-            fits = len(eng.decoding) <= eng._free() + eng.cache.evictable_size
-            before = obs.events["retract"]
-            orig["_check_decode_memory"](eng)
-            gone = obs.retracted[before:]
-            assert fits == (not gone), "retracted although the step fitted, or not although it did not"
-            if gone:  # SGLang's order: the fewest generated tokens first, then the longest prompt; one kept
-                kept = [key for i, key in running.items() if i not in gone]
-                assert kept, "every running request was retracted"
-                worst_kept = min((g, -p) for g, p in kept)
-                assert all((running[i][0], -running[i][1]) <= worst_kept for i in gone)
-                assert len(eng.decoding) <= eng._free() + eng.cache.evictable_size or len(kept) == 1
-            obs.audit("retraction" if gone else "decode check")
-
-        def retract(eng, seq):
-            assert seq.id in eng.active and seq.done == seq.fill_len and seq.id in obs.decode_since
-            orig["_retract"](eng, seq)
-            obs.events["retract"] += 1
-            obs.retracted.append(seq.id)
-            del obs.decode_since[seq.id]
-
-        def finish(eng, seq):
-            assert seq.id in eng.active and seq.done == seq.fill_len
-            orig["_finish"](eng, seq)
-            obs.finished[seq.id] += 1
-            obs.finish[seq.id] = eng.env.now
-            obs.decode_since.pop(seq.id, None)
-            if obs.in_prefill_end:
-                return  # its prefill made its last token: _end_prefill audits when it returns
-            obs.audit("finish")
-
-        def allocate(eng, n):
-            orig["_allocate"](eng, n)
-            free = eng.capacity - tree_tokens(eng.cache) - eng.decode_alloc - eng.tails - eng.inflight
-            assert free >= n, f"allocation of {n} left {free} free"
-
-        def decode(cost, batch, ctx):
-            obs.decode_starts += 1
-            return decode_time(cost, batch, ctx)
-
-        def evict(cache, num_tokens, key, on_evict=None, lowered=None):
-            locked = [n for n in cache.nodes() if n.lock_ref]
-
-            def seen(node):
-                assert node.lock_ref == 0, f"evicted a locked node {node}"
-                assert not node.children and node is not cache.root, f"evicted a non-leaf {node}"
-                # the candidates kept between passes give what a full sort of them would
-                assert node is min(cache.evictable_leaves(), key=lambda n: (key(n), n.serial)), "not the smallest key"
-                if on_evict is not None:
-                    on_evict(node)
-
-            freed = corig["evict"](cache, num_tokens, key, seen, lowered)
-            assert all(attached(cache, n) for n in locked), "a locked node left the tree"
+        def wrapped(key):
+            self.events[name] += 1
+            if self.events[name] % self.peek_every:
+                return peek(key)
+            before = tree_snapshot(cache)
+            out = peek(key)
+            assert tree_snapshot(cache) == before, f"{name} changed the tree"
             cache.check()
-            obs.events["evict"] += 1
-            return freed
-
-        def insert(cache, *a, **kw):
-            out = corig["insert"](cache, *a, **kw)
-            assert cache.size <= cache.capacity
             return out
+        return wrapped
 
-        def match(cache, key, now, layout=None):
-            hit, node = corig["match"](cache, key, now, layout)
-            assert hit * 4 <= len(key) and hit % cache.page_size == 0 and node.depth == hit
-            return hit, node
+    def admitted(self, eng, seq, hit) -> None:
+        assert seq.kv_len == hit and seq.node.depth == hit and hit % eng.cfg.page_size == 0
+        assert hit < seq.fill_len, "at least one token of a fill is computed"
 
-        def peek(name):
-            def wrapped(cache, key):
-                obs.events[name] += 1
-                if obs.events[name] % peek_every:
-                    return corig[name](cache, key)
-                before = tree_snapshot(cache)
-                out = corig[name](cache, key)
-                assert tree_snapshot(cache) == before, f"{name} changed the tree"
-                cache.check()
-                return out
-            return wrapped
+    def prefill_started(self, eng, batch) -> None:
+        assert self.batch_tokens == 0, "a prefill batch while another one runs"
+        for seq, take, cached in batch:
+            assert take > 0, "a prefill chunk of no tokens"
+            self.batch_tokens += take
+            if seq.id not in self.start:
+                self.start[seq.id] = eng.env.now
+                self.admitted_hit[seq.id] = cached
+                self.served.append(Request(seq.id, eng.env.now, seq.segments, seq.output_len))
+        self.audit("iteration")
+        self.events["full"] += eng.batch_is_full
+        self.in_prefill_end = True  # finishes during this batch's end are audited when it ends
 
-        patches = [(E, "__init__", init), (E, "_loop", loop), (E, "_form_prefill_batch", form),
-                   (E, "_end_prefill", end_prefill), (E, "_finish", finish), (E, "_allocate", allocate),
-                   (E, "_check_decode_memory", check_decode_memory), (E, "_retract", retract),
-                   (CostModel, "decode_time", decode), (C, "evict", evict), (C, "insert", insert),
-                   (C, "match", match), (C, "match_len", peek("match_len")), (C, "match_path", peek("match_path"))]
-        try:
-            for cls, name, fn in patches:
-                setattr(cls, name, fn)
-            yield self
-        finally:
-            for name, fn in orig.items():
-                setattr(E, name, fn)
-            for name, fn in corig.items():
-                setattr(C, name, fn)
-            CostModel.decode_time = decode_time
+    def prefill_ended(self, eng, batch) -> None:
+        self.in_prefill_end = False
+        self.batch_tokens = 0
+        for seq, _, _ in batch:
+            if seq.kv_len == seq.fill_len:
+                self.end.setdefault(seq.id, eng.env.now)  # the first prefill's end (TTFT)
+                if seq.id in eng.active:  # decoding from here (from its generated tokens if retracted earlier)
+                    self.decode_since[seq.id] = self.decode_starts
+        self.audit("prefill end")
+
+    def decode_checking(self, eng) -> None:
+        running = {s.id: (s.generated(eng.step), s.prompt_len) for s in eng.active.values()}
+        self.before_check = (running, len(eng.decoding) <= eng.free() + eng.cache.evictable_size,
+                             len(self.retracted_ids))
+
+    def retracted(self, eng, seq) -> None:
+        assert seq.id not in eng.active and seq.kv_len == 0 and seq.id in self.decode_since
+        self.events["retract"] += 1
+        self.retracted_ids.append(seq.id)
+        del self.decode_since[seq.id]
+
+    def decode_checked(self, eng) -> None:
+        running, fits, before = self.before_check
+        gone = self.retracted_ids[before:]
+        if not isinstance(eng.rule, SGLangRule):
+            assert not gone, "the full rule never retracts"
+        else:
+            assert fits == (not gone), "retracted although the step fitted, or not although it did not"
+        if gone:  # SGLang's order: the fewest generated tokens first, then the longest prompt; one kept
+            kept = [key for i, key in running.items() if i not in gone]
+            assert kept, "every running request was retracted"
+            worst_kept = min((g, -p) for g, p in kept)
+            assert all((running[i][0], -running[i][1]) <= worst_kept for i in gone)
+            assert len(eng.decoding) <= eng.free() + eng.cache.evictable_size or len(kept) == 1
+            assert all(eng.waiting[-len(gone):][k].id == i for k, i in enumerate(gone)), "requeued in order"
+        self.audit("retraction" if gone else "decode check")
+
+    def decode_started(self, eng, n) -> None:
+        assert n == len(eng.decoding)
+        self.decode_starts += 1
+        self.audit("iteration")
+        self.events["full"] += eng.batch_is_full
+
+    def evicting(self, eng, node) -> None:
+        assert node.lock_ref == 0, f"evicted a locked node {node}"
+        assert not node.children and node is not eng.cache.root, f"evicted a non-leaf {node}"
+        # the candidates kept between passes give what a full sort of them would
+        key = eng.eviction.key
+        assert node is min(eng.cache.evictable_leaves(), key=lambda n: (key(n), n.created)), "not the smallest key"
+        self.events["evict"] += 1
+
+    def finished(self, eng, seq) -> None:
+        assert seq.id not in eng.active and seq.kv_len == seq.fill_len and seq.node is None
+        self.finished_ids[seq.id] += 1
+        self.finish[seq.id] = eng.env.now
+        self.decode_since.pop(seq.id, None)
+        if not self.in_prefill_end:  # its prefill made its last token: prefill_ended audits
+            self.audit("finish")
+
+    def idle(self, eng) -> None:
+        self.audit("iteration")
 
 
 # ---------------------------------------------------------------------------------------------- the checks
 def check_run(spec: RunSpec) -> Observer:
     """Simulate ``spec`` under the observer, check the per-run invariants, run it again plainly and compare."""
     obs = Observer()
-    with obs.installed():
-        res = simulate(spec, served_reference=True)
+    res = simulate(spec, served_reference=True, events=obs)
     trace, eng = spec.trace, obs.engine
     ids = sorted(r.id for r in trace.requests)
 
     # every request completes exactly once; nothing is left running, locked or reserved
-    assert sorted(obs.finished) == ids and set(obs.finished.values()) == {1}
+    assert sorted(obs.finished_ids) == ids and set(obs.finished_ids.values()) == {1}
     assert sorted(r.id for r in res.records) == ids
     assert not eng.active and not eng.waiting and not eng.decoding and eng.chunked is None
-    assert eng.reserved == eng.decode_alloc == eng.tails == eng.inflight == 0 and not eng.hints.active
+    assert eng.owed == eng.decode_alloc == eng.tails == eng.inflight == 0 and not eng.hints.active
     assert eng.cache.evictable_size == eng.cache.size
 
     # timestamps are the events the observer saw; TTFT's parts add up to TTFT

@@ -1,4 +1,5 @@
-"""QAS on hand-built queues (worked example), the cold-lane bound, and front alignment."""
+"""QAS on hand-built queues (worked example), the cold-lane bound, front alignment, and the compiled QAS the
+registry runs against the readable definition (``policies/qas.py``), round after round."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from hypothesis import strategies as st
 from prism.core import PRIV, REUSE, SYS, SegmentTable
 from prism.policies.base import DemandHints, SchedContext
 from prism.policies.qas import QAS, QASConfig
+from prism.policies.qas_compiled import CompiledQAS
 from prism.policies.qas_round import Params, Prompts, order_queue
-from qas_reference import ReferenceQAS
+
+#: both production classes: the definition and the compiled rounds the registry runs
+BOTH = pytest.mark.parametrize("impl", [QAS, CompiledQAS], ids=["readable", "compiled"])
 
 TABLE = SegmentTable()
 
@@ -50,9 +54,10 @@ def worked_example():
     return waiting, hints, ctx
 
 
-def test_worked_example_counters_priorities_buckets_lanes():
+@BOTH
+def test_worked_example_counters_priorities_buckets_lanes(impl):
     waiting, hints, ctx = worked_example()
-    qas = QAS()
+    qas = impl()
     plan = qas.plan(waiting, ctx)
     prio = qas.last["priority"]
     # P(r; ∅) = 1e6·a + g:  g = A1 B4 C2 D2 E2 F1 sys5;  a = B1 F1 sys1
@@ -74,9 +79,10 @@ def test_worked_example_counters_priorities_buckets_lanes():
     assert plan.lanes == {1: "cold", 2: "cold"}
 
 
-def test_worked_example_next_batch_and_publication():
+@BOTH
+def test_worked_example_next_batch_and_publication(impl):
     waiting, hints, ctx = worked_example()
-    qas = QAS()
+    qas = impl()
     plan = qas.plan(waiting, ctx)
     admitted = plan.order[:3]  # the engine took R1, R2, R5
     qas.on_dispatch(admitted, ctx)
@@ -93,45 +99,49 @@ def test_worked_example_next_batch_and_publication():
     assert plan2.align.get(3) == ("B", "C", "E")  # C before E: equal priorities, C seen first
 
 
-def test_in_engine_starvation_bound_serves_aged_requests_first():
+@BOTH
+def test_in_engine_starvation_bound_serves_aged_requests_first(impl):
     waiting, hints, ctx = worked_example()  # arrivals 1..5
-    qas = QAS(QASConfig(window_s=0.0, max_wait_s=2.5))
+    qas = impl(QASConfig(window_s=0.0, max_wait_s=2.5))
     late = SchedContext(5.0, NoCache(), (), hints, batch_hint=2)  # R1 (4 s) and R2 (3 s) waited > 2.5 s
     plan = qas.plan(waiting, late)
     assert [r.id for r in plan.order][:2] == [1, 2] and plan.lanes[1] == plan.lanes[2] == "aged"
-    assert plan.lanes == {1: "aged", 2: "aged"} and plan.lane(5) == "hot"  # aged outranks cold (R1, R2 are both)
+    assert dict(plan.lanes) == {1: "aged", 2: "aged"} and plan.lane(5) == "hot"  # aged outranks cold (R1, R2 are)
     later = SchedContext(7.0, NoCache(), (), hints, batch_hint=2)  # now R1-R4 have: FIFO ahead of R5's bucket
-    plan = QAS(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later)
-    assert [r.id for r in plan.order] == [1, 2, 3, 4, 5] and plan.lanes == dict.fromkeys([1, 2, 3, 4], "aged")
+    plan = impl(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later)
+    assert [r.id for r in plan.order] == [1, 2, 3, 4, 5] and dict(plan.lanes) == dict.fromkeys([1, 2, 3, 4], "aged")
     # without the bound (or as a front end, whose window bounds the wait) the worked example's order stands
-    assert [r.id for r in QAS(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
+    assert [r.id for r in impl(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
 
 
 skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=5, unique=True).map(tuple),
                      min_size=1, max_size=25)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(rounds=st.lists(st.tuples(skeletons, st.integers(0, 6), st.lists(st.booleans(), min_size=25, max_size=25)),
                        min_size=1, max_size=4),
        f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
        active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)),
        engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
-       finish=st.lists(st.booleans(), min_size=100, max_size=100))
-def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish):
-    """Order, alignment, buckets, cold lane, next counter and published priorities equal a plain
-    implementation of the design, round after round. The queue is kept either as an engine keeps it (the
-    plan's order minus the admitted head, then new arrivals) or in arrival order; arrival times either
-    grow with the id or come in any order. Admitted requests join a(r) as an engine's do (``hints.admit``)
-    and some finish between rounds (``hints.release``): QAS's a(r), kept from the changes, must be what the
-    reference counts afresh from ``hints.active`` each round."""
-    qas = QAS(QASConfig(f_front=f, kappa=kappa, q_cold=q_cold))
-    ref = ReferenceQAS(f_front=f, kappa=kappa, q_cold=q_cold)
-    hints = DemandHints(active=Counter(active))
+       finish=st.lists(st.booleans(), min_size=100, max_size=100), in_engine=st.booleans(),
+       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4))
+def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
+                                              in_engine, clock):
+    """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
+    inside the engine, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
+    published priorities and the segments whose priority fell, round after round. The queue is kept either
+    as an engine keeps it (the plan's order minus the admitted head, then new arrivals) or in arrival order;
+    arrival times either grow with the id or come in any order. Admitted requests join a(r) as an engine's do
+    (``hints.admit``) and some finish between rounds (``hints.release``): the compiled a(r), kept from the
+    changes, must be what the definition reads afresh from ``hints.active`` each round."""
+    cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if in_engine else 0.05, max_wait_s=1.5)
+    fast, plain = CompiledQAS(cfg), QAS(cfg)
+    hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
     waiting: list[Req] = []
     running: list[Req] = []
     rid = 0
-    for new, admit, fixed in rounds:
+    for k, (new, admit, fixed) in enumerate(rounds):
         for j, s in enumerate(new):
             r = req(rid, float(rid // 2 if times is None else times[rid]), s)  # equal times: ties by id
             r.fixed_order = fixed[j]
@@ -139,31 +149,37 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
             rid += 1
         if not waiting:
             continue
-        ctx = SchedContext(0.0, NoCache(), (), hints, batch_hint=hint)
-        plan = qas.plan(waiting, ctx)
-        order, aligned, cold = ref.plan(waiting, hints.active, hint)
-        assert [r.id for r in plan.order] == [r.id for r in order]
-        assert plan.lanes == dict.fromkeys(cold, "cold")
+        now = clock[k]
+        plan = fast.plan(waiting, SchedContext(now, NoCache(), (), hints, batch_hint=hint))
+        ref = plain.plan(waiting, SchedContext(now, NoCache(), (), plain_hints, batch_hint=hint))
+        assert [r.id for r in plan.order] == [r.id for r in ref.order]
+        assert dict(plan.lanes) == dict(ref.lanes)
+        assert all(plan.lane(r.id) == ref.lane(r.id) for r in waiting)
         for r in waiting:
-            assert (plan.align.get(r.id) or tuple(s.id for s in r.segments if s.kind == REUSE)) == aligned[r.id]
-            assert Counter(aligned[r.id]) == Counter(s.id for s in r.segments if s.kind == REUSE)
-        last = qas.last
-        assert dict(last["buckets"]) == pytest.approx(dict(ref.last["buckets"]))
-        assert last["priority"] == pytest.approx(ref.last["priority"])
+            assert plan.align.get(r.id) == ref.align.get(r.id)
+            mine = tuple(s.id for s in r.segments if s.kind == REUSE)
+            assert Counter(plan.align.get(r.id) or mine) == Counter(mine)
+        assert dict(fast.last["buckets"]) == pytest.approx(dict(plain.last["buckets"]))
+        assert fast.last["priority"] == pytest.approx(plain.last["priority"])
         admitted = plan.order[:admit]
-        qas.on_dispatch(admitted, ctx)
-        published = ref.dispatch(admitted)
+        fast.on_dispatch(admitted, SchedContext(now, NoCache(), (), hints, batch_hint=hint))
+        plain.on_dispatch([next(x for x in ref.order if x.id == r.id) for r in admitted],
+                          SchedContext(now, NoCache(), (), plain_hints, batch_hint=hint))
         if admitted:
-            assert dict(hints.priority) == pytest.approx(published)
-            assert qas.next_counter == +ref.next
+            assert dict(hints.priority) == pytest.approx(dict(plain_hints.priority))
+            assert hints.take_fell() == plain_hints.take_fell()
+            assert fast.next_counter == +plain.next_counter
+        assert fast.stats() == plain.stats()
         gone = {r.id for r in admitted}
         waiting = list(plan.order[admit:]) if engine_queue else [r for r in waiting if r.id not in gone]
         shared = lambda r: [s.id for s in r.segments if s.kind != PRIV]  # noqa: E731
         for r in admitted:
             hints.admit(shared(r))
+            plain_hints.admit(shared(r))
         running += admitted
         for r in [r for r in running if finish[r.id]]:
             hints.release(shared(r))
+            plain_hints.release(shared(r))
             running.remove(r)
 
 
@@ -173,7 +189,7 @@ def test_matches_the_reference_over_rounds(rounds, f, kappa, q_cold, hint, activ
 def test_cold_lane_bounds_the_wait(arrivals, q_cold, extra):
     """If each round admits at least q_cold requests in plan order, a request with j older requests waiting
     is admitted within floor(j / q_cold) + 1 rounds, whatever the hot lane prefers."""
-    qas = QAS(QASConfig(q_cold=q_cold))
+    qas = CompiledQAS(QASConfig(q_cold=q_cold))
     waiting: list[Req] = []
     deadline: dict[int, int] = {}
     rid = 0
@@ -218,3 +234,28 @@ def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
         np.testing.assert_array_equal(a, b)
     assert sorted(dense[0].tolist()) == list(range(n))  # every request, once
     assert dense[1].tolist() == np.argsort(age)[:min(q_cold, n)].tolist()  # the oldest, oldest first
+
+
+@pytest.mark.parametrize("window_s", [0.0, 0.05], ids=["in-engine", "front-end"])
+def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypatch, window_s):
+    """Registered in place of the compiled class, the readable QAS serves a whole run exactly alike: the same
+    records (admission order, alignments, lanes) and counters."""
+    from prism.calibration.cost_model import load_profile
+    from prism.policies import registry
+    from prism.settings import EngineConfig, RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    trace = load_trace("zipf", {"num_requests": 300, "qps": 70})
+    knobs = {"qas": {"window_s": window_s}}
+    engine = EngineConfig(max_total_tokens=32768)
+
+    def run():
+        return simulate(RunSpec.build(trace, "qas", "dart", engine=engine, knobs=knobs, profile=load_profile()))
+
+    compiled = run()
+    monkeypatch.setitem(registry.SCHEDULERS, "qas", "qas:QAS")
+    plain = run()
+    assert plain.records == compiled.records
+    assert plain.counters == compiled.counters
+    assert compiled.counters["front_alignment_moves"] > 50 and compiled.counters["evicted_nodes"] > 0

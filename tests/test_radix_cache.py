@@ -90,13 +90,13 @@ def test_evictions_follow_the_key(batch, seed, tokens):
         _, node = cache.insert(key(s), float(i))
         if rng.random() < 0.3:
             cache.lock(node)
-    score = {n.serial: float(rng.random()) for n in cache.nodes()}
-    keyf = lambda nd: (score[nd.serial],)  # noqa: E731
+    score = {n.created: float(rng.random()) for n in cache.nodes()}
+    keyf = lambda nd: (score[nd.created],)  # noqa: E731
     order = []
 
     def on_evict(nd):
         candidates = cache.evictable_leaves()
-        best = min(candidates, key=lambda c: (keyf(c), c.serial))
+        best = min(candidates, key=lambda c: (keyf(c), c.created))
         assert best is nd
         order.append(nd)
 
@@ -135,8 +135,8 @@ def test_page_size_floors_matches_and_insertions():
 
 
 def _state(cache):
-    nodes = sorted((n.place, n.serial, n.key, n.depth, n.lock_ref, n.last_access_time, n.hit_count, n.kind, n.seg_id,
-                    n.parent.place) for n in cache.nodes())
+    nodes = sorted((n.position, n.created, n.key, n.depth, n.lock_ref, n.last_access_time, n.hit_count, n.kind, n.seg_id,
+                    n.parent.position) for n in cache.nodes())
     return nodes, cache.size, cache.evictable_size, dict(cache.resident)
 
 

@@ -114,11 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     apply_pace_profile(args)
     opts = options(args)
     spec = spec_from_args(args)
-    from prism.live.cluster import check_cluster
     from prism.live.run import check_method
 
     check_method(spec, opts)
-    check_cluster(spec, opts)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
     from tqdm import tqdm
 
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(cluster_table(s["cluster"]))
     c = s["counters"]
     rounds = (f"{c.get('frontend_windows', 0)} front-end windows" if spec.deployment.front_end
-              else f"{c.get('rounds', 0)} planning rounds")
+              else f"{c.get('scheduling_rounds', 0)} scheduling rounds")
     print(f"plugin in the scheduler: {rounds}, {c.get('front_alignment_moves', 0)} "
           f"realigned, {c.get('evicted_tokens_private', 0)}/{c.get('evicted_tokens_reusable', 0)}/"
           f"{c.get('evicted_tokens_protected', 0)} tokens evicted (private/reusable/protected), "

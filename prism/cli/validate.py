@@ -99,12 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         for q in rates:
             data = merge_flags(copy.deepcopy(for_method(base, m)), [], method=m, qps=q)
             specs.append(settings_from(data, where).resolve(args.trace))
-    from prism.live.cluster import check_cluster
     from prism.live.run import check_method
 
     for spec in specs:
         check_method(spec, opts)
-        check_cluster(spec, opts)
     out = prepare_out_dir(args.out, "--out")
     for name in ("validate.csv", "validate.json", "validate.png"):
         check_out_file(out / name, "--out")

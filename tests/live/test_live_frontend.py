@@ -35,7 +35,8 @@ from test_live_schedule import _key, _tokens, sglang_cache, sglang_req, trace  #
 from prism.core import layout, serialize  # noqa: E402
 from prism.live import hooks  # noqa: E402
 from prism.live.frontend import LiveFrontEnd  # noqa: E402
-from prism.policies.registry import Deployment, make_policies, policy_configs  # noqa: E402
+from prism.policies.base import Deployment  # noqa: E402
+from prism.policies.registry import make_policies, policy_configs  # noqa: E402
 from prism.sim.engine import Seq  # noqa: E402
 from prism.sim.frontend import FrontEnd  # noqa: E402
 from prism.sim.radix_cache import RadixCache  # noqa: E402
@@ -164,8 +165,8 @@ def _bare_scheduler() -> Scheduler:
 @pytest.fixture
 def front_state(monkeypatch):
     saved = hooks._state
-    state = hooks.LiveState({"scheduler": "qas", "eviction": "dart", "knobs": {}, "dilation": 10.0,
-                             "deployment": {"mode": "front_end", "window_s": WINDOW}})
+    state = hooks.LiveState(hooks.PluginConfig("qas", "dart", dilation=10.0,
+                                               deployment={"mode": "front_end", "window_s": WINDOW}))
     state.cache = sglang_cache(state.eviction)
     hooks._state = state
     clock = SimpleNamespace(now=100.0)

@@ -12,6 +12,7 @@ import random
 from contextlib import nullcontext
 from array import array
 
+import numpy as np
 import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.radix_cache")
@@ -100,6 +101,25 @@ def native_lru_cache(page_size: int):
     return sgl_radix.RadixCache(params)
 
 
+def check_peeks(sim: RadixCache, live: PrismRadixCache, items, rng: random.Random, step: int) -> None:
+    """The live cache's peek index has SGLang's tree's shape, edge for edge, and its peeks (the project's one
+    prefix walk over it) answer as the simulator's cache does, for whole and cut prompts."""
+    stack = [(live.root_node, live.index.root)]
+    while stack:
+        node, peek = stack.pop()
+        assert (peek.position, peek.depth) == (node.position, node.depth), step
+        assert len(peek.children) == len(node.children), step
+        for child in node.children.values():
+            entry = peek.children[child.peek.key[:live.index._pb]]
+            assert entry is child.peek, step
+            assert np.frombuffer(entry.key, dtype=np.int32).tolist() == list(child.key.token_ids), step
+            stack.append((child, entry))
+    for tokens, _ in items:
+        key = tokens.tobytes()[:rng.randint(0, len(tokens)) * 4] if rng.random() < 0.3 else tokens.tobytes()
+        assert live.match_len(key) == sim.match_len(key), step
+        assert [d for _, d in live.match_path(key)] == [d for _, d in sim.match_path(key)], step
+
+
 def play(seed: int, page_size: int, make_policy, check_order: bool, clock, native: bool = False) -> None:
     """One random sequence of inserts, matches, locks and evictions on the simulator's cache and an SGLang
     cache (prism's backend, or with ``native`` SGLang's own RadixCache and LRU), compared at every step."""
@@ -156,6 +176,7 @@ def play(seed: int, page_size: int, make_policy, check_order: bool, clock, nativ
         assert sim.evictable_size == live.evictable_size(), step
         if not native:
             assert dict(sim.resident) == dict(live.resident), step
+            check_peeks(sim, live, items, rng, step)
     if check_order:
         assert sim_evicted == live_evicted
     if not native:  # the PrefixIndex protocol: siblings sorted by place are in SGLang's child order
@@ -163,7 +184,7 @@ def play(seed: int, page_size: int, make_policy, check_order: bool, clock, nativ
         while stack:
             node = stack.pop()
             kids = list(node.children.values())
-            assert kids == sorted(kids, key=lambda n: n.place)
+            assert kids == sorted(kids, key=lambda n: n.position)
             stack.extend(kids)
 
 

@@ -38,7 +38,7 @@ from prism.policies.registry import make_policies, policy_configs  # noqa: E402
 from prism.sim.engine import Seq  # noqa: E402
 from prism.sim.radix_cache import RadixCache  # noqa: E402
 
-CONFIG = {"scheduler": "qas", "eviction": "dart", "knobs": {}}
+CONFIG = hooks.PluginConfig("qas", "dart")
 
 
 # ------------------------------------------------------------------ helpers (as in test_live_radix.py)
