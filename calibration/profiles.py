@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from prism.config import build, load_yaml, nonneg, parse_yaml, positive, share
 from prism.errors import UserError
@@ -153,14 +153,15 @@ def kv_capacity_tokens(g: GPU, m: Model, mem_fraction: float = 0.88, activation_
     return int(free // m.kv_bytes_per_token(dtype_bytes))
 
 
-def require_models(names: Mapping[str, str], where: str | None = None) -> None:
-    """Every ``field -> model name`` of ``names`` (a multi-model trace's ``models[i].profile``) names a known
-    model: else one line naming the field."""
-    for field_name, name in names.items():
+def check_served(models: Sequence[Any], where: str | None = None) -> None:
+    """Every served model of a multi-model trace (objects with ``profile`` and ``tp``: its ``meta.models``) names
+    a known profile model and a tensor-parallel degree that model splits into; else one line naming the field."""
+    for i, m in enumerate(models):
         try:
-            model(name)
+            served = model(m.profile)
         except UserError as e:
-            raise UserError(f"field {field_name!r}: {e}", where) from None
+            raise UserError(f"field 'models[{i}].profile': {e}", where) from None
+        served.check_tp(m.tp, f"{where}: models[{i}]" if where else f"models[{i}]")
 
 
 def load_profile_file(path: str | Path) -> dict[str, Any]:

@@ -86,7 +86,11 @@ def test_gpus_carry_their_links():
     assert profiles.gpu("a100-80g").nvlink_bandwidth == 300e9 and profiles.gpu("a800-80g").nvlink_bandwidth == 200e9
 
 
-def test_require_models_names_the_field():
-    profiles.require_models({"models[0].profile": "llama-3.2-1b"})
+def test_check_served_names_the_field():
+    from types import SimpleNamespace as M
+
+    profiles.check_served([M(profile="llama-3.2-1b", tp=1), M(profile="llama-3.1-8b", tp=8)])
     with pytest.raises(UserError, match=r"t.yaml: field 'models\[1\].profile': unknown model 'llama-9b'"):
-        profiles.require_models({"models[0].profile": "qwen2.5-3b", "models[1].profile": "llama-9b"}, "t.yaml")
+        profiles.check_served([M(profile="qwen2.5-3b", tp=1), M(profile="llama-9b", tp=1)], "t.yaml")
+    with pytest.raises(UserError, match=r"t.yaml: models\[0\]: field 'tp': .* 32 attention heads"):
+        profiles.check_served([M(profile="llama-3.1-8b", tp=3)], "t.yaml")
