@@ -14,7 +14,7 @@ from prism.cli.trace import main as trace_main
 from prism.errors import UserError
 from prism.traces import trace as fmt
 from prism.traces.multimodel import MultiModelSpec, content, cut_lognormal, model_streams, on_periods
-from prism.traces.spec import load_trace, parse_spec
+from prism.traces.spec import load_trace
 from prism.traces.stats import model_stats, trace_stats
 
 ARENA = [{"name": f"m{i}", "profile": "llama-3.2-1b"} for i in range(27)]
@@ -176,11 +176,10 @@ def test_prism_trace_stats_on_the_shipped_specs(name, capsys):
     code, out = run(["stats", name, "--json"], capsys)
     assert code == 0, out.err
     st = json.loads(out.out)
-    spec = parse_spec({"kind": "multi_model", "models": ARENA[:1]}, "x")  # the defaults, for the rates below
     assert st["kind"] == "multi_model" and len(st["requests_per_model"]) == (8 if name == "multimodel" else 18)
     assert sum(st["requests_per_model"].values()) == st["requests"]
-    assert st["requests"] == pytest.approx((2.0 if name == "multimodel" else 4.0) * 600, rel=0.15)
-    assert spec.duration_s == 600
+    assert st["requests"] == pytest.approx((2.0 if name == "multimodel" else 4.0) * 600, rel=0.15)  # qps x 600 s
+    assert st["top3_models_share"] > st["top5_models_share"] * 0.5 and st["interarrival_cv"] > 1
 
 
 def write(tmp_path, models, **kw):
@@ -212,3 +211,13 @@ def test_bad_multi_model_input_is_one_line(tmp_path, capsys, models, kw, fragmen
     lines = out.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in out.err, out.err
     assert lines[0].startswith("prism-trace: error: ") and "mm.yaml" in lines[0] and fragment in lines[0], lines
+
+
+def test_prism_sim_refuses_a_multi_model_trace_until_the_fleet_simulator_runs_it(tmp_path, capsys):
+    """One engine would serve every model's requests as one model's: refused, one line, before anything runs."""
+    from prism.cli.sim import main as sim_main
+
+    code = sim_main(["--trace", "multimodel", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "error: multimodel: a trace of several models" in err[0], err
+    assert not (tmp_path / "o").exists()
