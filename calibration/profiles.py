@@ -1,4 +1,11 @@
-"""Hardware and model profiles: GPU specs × model geometry, and the quantities derived from them."""
+"""Hardware and model profiles: GPU specs × model geometry, and the quantities derived from them.
+
+Tensor parallelism (a model split over ``tp`` GPUs, as SGLang splits it): each GPU holds 1/tp of the weights
+(the embedding and LM head are split by vocabulary rows as well, the norms are replicated and negligible) and
+kv_heads/tp of the KV heads; with fewer KV heads than GPUs each GPU holds one replicated head (SGLang's
+``ModelConfig.get_num_kv_heads``: ``max(1, kv_heads // tp)``). The attention heads must divide among the GPUs,
+and the KV heads must too, or the GPUs must divide among the KV heads (SGLang's ``QKVParallelLinear``).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from prism.config import build, load_yaml, parse_yaml, positive, share
+from prism.config import build, load_yaml, nonneg, parse_yaml, positive, share
 from prism.errors import UserError
 
 GIB = 1 << 30
@@ -23,6 +30,10 @@ class GPU:
     memory_gib: float = positive(1.0, "device memory, GiB")
     sustained_compute: float = share(1.0, "share of the SXM part's sustained FLOP/s under the board's power "
                                      "limit (PCIe cards: about 0.9)")
+    pcie_gen: int = positive(4, "PCIe generation of the host link")
+    pcie_bandwidth: float = positive(26e9, "host-to-device bytes/s one way, as measured (Gen4 ~26e9, Gen5 ~50e9)")
+    nvlink_bandwidth: float = nonneg(0.0, "GPU-to-GPU NVLink bytes/s one way (0: no NVLink)")
+    gpus_per_node: int = positive(8, "GPUs in one server (tensor parallelism and parallel loading stay in one)")
     key: str = ""
 
     @property
@@ -53,12 +64,32 @@ class Model:
     aliases: tuple[str, ...] = field(default=())
     key: str = ""
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V for every layer: 2 · layers · kv_heads · head_dim · dtype bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+    def check_tp(self, tp: int, where: str | None = None) -> None:
+        """Refuse a tensor-parallel degree that SGLang cannot split this model into (module docstring)."""
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise UserError(f"field 'tp': must be an integer >= 1, got {tp!r}", where)
+        if self.heads % tp:
+            raise UserError(f"field 'tp': {self.key or 'the model'} has {self.heads} attention heads, which do "
+                            f"not divide among {tp} GPUs", where)
+        if (self.kv_heads % tp) if self.kv_heads >= tp else (tp % self.kv_heads):
+            raise UserError(f"field 'tp': {self.key or 'the model'} has {self.kv_heads} KV heads, which do not "
+                            f"split over {tp} GPUs", where)
 
-    def weight_bytes(self, dtype_bytes: int = 2) -> float:
-        return self.params * dtype_bytes
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """KV heads each of ``tp`` GPUs holds: kv_heads / tp, at least one (replicated)."""
+        self.check_tp(tp)
+        return max(1, self.kv_heads // tp)
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
+        """K and V for every layer on one GPU: 2 · layers · kv_heads_per_gpu(tp) · head_dim · dtype bytes."""
+        heads = self.kv_heads if tp == 1 else self.kv_heads_per_gpu(tp)
+        return 2 * self.layers * heads * self.head_dim * dtype_bytes
+
+    def weight_bytes(self, dtype_bytes: int = 2, tp: int = 1) -> float:
+        """The weights one of ``tp`` GPUs holds (all of them at tp = 1)."""
+        if tp != 1:
+            self.check_tp(tp)
+        return self.params * dtype_bytes / tp
 
     @property
     def lm_head_params(self) -> float:
@@ -120,6 +151,17 @@ def kv_capacity_tokens(g: GPU, m: Model, mem_fraction: float = 0.88, activation_
     if free <= 0:
         raise UserError(f"{m.key} does not fit on {g.key} at mem_fraction={mem_fraction}")
     return int(free // m.kv_bytes_per_token(dtype_bytes))
+
+
+def check_served(models: Sequence[Any], where: str | None = None) -> None:
+    """Every served model of a multi-model trace (objects with ``profile`` and ``tp``: its ``meta.models``) names
+    a known profile model and a tensor-parallel degree that model splits into; else one line naming the field."""
+    for i, m in enumerate(models):
+        try:
+            served = model(m.profile)
+        except UserError as e:
+            raise UserError(f"field 'models[{i}].profile': {e}", where) from None
+        served.check_tp(m.tp, f"{where}: models[{i}]" if where else f"models[{i}]")
 
 
 def load_profile_file(path: str | Path) -> dict[str, Any]:

@@ -196,7 +196,8 @@ class Request:
     suffix last (an agent turn's history also holds the earlier, private messages of its session).
     ``session`` groups the turns of an agent conversation. ``fixed_order`` marks prompts whose reusable
     segments must not be reordered (conversation history, contiguous document blocks): schedulers that align
-    prompts leave them as they are.
+    prompts leave them as they are. ``model`` names the model that serves the request in a trace of several
+    models (None: the one model of a single-model trace).
     """
 
     id: int
@@ -205,6 +206,7 @@ class Request:
     output_len: int
     session: str | None = None
     fixed_order: bool = False
+    model: str | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -38,7 +38,7 @@ from prism.policies.base import Deployment
 from prism.policies.registry import (ROUTERS, check_router, deployment_of, knob_sections, policy_configs,
                                      resolve_method, router_config, router_section, router_sections)
 from prism.traces.spec import load_trace, spec_engine
-from prism.traces.trace import Trace
+from prism.traces.trace import Trace, served_models
 
 
 @dataclass
@@ -225,6 +225,9 @@ class Settings:
         memo of it) and settle the rate and seed: the run."""
         profile = load_profile(self.profile)
         trace = (load or load_trace)(trace_source, self.trace_overrides)
+        if served_models(trace.meta):  # until the fleet simulator (issue 27) runs them, never as one engine
+            raise UserError("a trace of several models needs the multi-model simulator, which is not wired in "
+                            "yet: one engine would serve every model's requests as one model's", trace_source)
         return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
                          self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"),
                          self.cluster, self.router_configs)

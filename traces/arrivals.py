@@ -118,14 +118,30 @@ def azure_times(spec: ArrivalSpec, n: int) -> np.ndarray:
 
 
 def load_azure_timestamps(path: Path, limit: int | None = None) -> np.ndarray:
+    return np.sort(np.asarray([row[0] for row in _azure_rows(path, limit, False)], dtype=float))
+
+
+def load_azure_records(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(timestamps, ContextTokens, GeneratedTokens) of an Azure 2023 trace, in time order."""
+    rows = sorted(_azure_rows(path, None, True))
+    if not rows:
+        raise UserError("no requests", str(path))
+    t, ctx, gen = (np.asarray(col) for col in zip(*rows))
+    return t.astype(float), ctx.astype(int), gen.astype(int)
+
+
+def _azure_rows(path: Path, limit: int | None, tokens: bool):
+    """(timestamp, context, generated) per row, in file order (the token columns only when ``tokens``)."""
     from datetime import datetime
 
     if path_kind(path) != "file":
         raise UserError("Azure trace not found (pass arrival.azure_path)", str(path))
-    out = []
     reader = csv.DictReader(io.StringIO(read_text(path, "CSV file"), newline=""))
-    if reader.fieldnames is None or "TIMESTAMP" not in reader.fieldnames:
-        raise UserError("missing column TIMESTAMP", str(path))
+    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if tokens else ("TIMESTAMP",)
+    for column in need:
+        if reader.fieldnames is None or column not in reader.fieldnames:
+            raise UserError(f"missing column {column}", str(path))
+    count = 0
     for i, row in enumerate(reader, start=2):
         raw = (row["TIMESTAMP"] or "").strip()
         try:
@@ -134,7 +150,13 @@ def load_azure_timestamps(path: Path, limit: int | None = None) -> np.ndarray:
             ts = datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0)
         except ValueError:
             raise UserError(f"bad TIMESTAMP {raw!r}", f"{path}:{i}") from None
-        out.append(ts)
-        if limit is not None and len(out) >= limit:
+        ctx = gen = 0
+        if tokens:
+            try:
+                ctx, gen = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+            except (TypeError, ValueError):
+                raise UserError("ContextTokens and GeneratedTokens must be integers", f"{path}:{i}") from None
+        yield ts, ctx, gen
+        count += 1
+        if limit is not None and count >= limit:
             break
-    return np.sort(np.asarray(out, dtype=float))

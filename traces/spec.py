@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "AgentSpec"),
     "mooncake": ("mooncake", "MooncakeSpec"),
     "prefix_groups": ("prefix_groups", "PrefixGroupsSpec"),
+    "multi_model": ("multimodel", "MultiModelSpec"),
 }
 
 
@@ -55,7 +56,8 @@ def generate(spec: Any, memo: dict[str, Trace] | None = None) -> Trace:
 
 
 BUILTIN = {"zipf": "zipf.yaml", "zipf-shuffled": "zipf-shuffled.yaml", "multihop": "multihop.yaml",
-           "agent": "agent.yaml", "mooncake": "mooncake.yaml", "prefix20": "prefix20.yaml"}
+           "agent": "agent.yaml", "mooncake": "mooncake.yaml", "prefix20": "prefix20.yaml",
+           "multimodel": "multimodel.yaml", "multimodel-18": "multimodel-18.yaml"}
 
 
 def resolve(source: str) -> Path:

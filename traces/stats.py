@@ -91,8 +91,40 @@ def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tup
 
 
 def infinite_cache_hit_rate(requests: Sequence[Request]) -> float:
+    """Over a trace of several models, each model's prompts only see its own (models never share KV)."""
     total = sum(r.prompt_len for r in requests)
-    return sum(infinite_cache_hits(requests)) / total if total else 0.0
+    if not total:
+        return 0.0
+    groups: dict[str | None, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(r.model, []).append(r)
+    return sum(sum(infinite_cache_hits(g)) for g in groups.values()) / total
+
+
+def model_stats(requests: Sequence[Request], gap_s: float = 10.0) -> dict[str, Any]:
+    """What characterizes several models' traffic (DESIGN §9; ../shared/data/README.md): requests per model,
+    the top models' shares, models active (with a request) in each whole minute, idle gaps over ``gap_s``
+    between a model's consecutive requests, and the inter-arrival CV of all requests."""
+    times: dict[str, list[float]] = {}
+    for r in requests:
+        times.setdefault(str(r.model), []).append(r.arrival)
+    counts = sorted(((len(t), m) for m, t in times.items()), key=lambda c: (-c[0], c[1]))
+    n = len(requests)
+    arrivals = np.array([r.arrival for r in requests])
+    start = arrivals[0]
+    minutes = int((arrivals[-1] - start) // 60)
+    active = [sum(bool(np.any((t >= start + 60 * k) & (t < start + 60 * (k + 1))))
+                  for t in map(np.asarray, times.values())) for k in range(minutes)]
+    gaps = np.diff(arrivals)
+    return {
+        "requests_per_model": {m: c for c, m in counts},
+        "top3_models_share": sum(c for c, _ in counts[:3]) / n,
+        "top5_models_share": sum(c for c, _ in counts[:5]) / n,
+        "active_models_per_minute": ({"min": min(active), "p50": float(np.median(active)), "max": max(active)}
+                                     if active else {}),
+        f"idle_gaps_over_{gap_s:g}s": int(sum((np.diff(t) > gap_s).sum() for t in times.values())),
+        "interarrival_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else 0.0,
+    }
 
 
 def trace_stats(trace) -> dict[str, Any]:
@@ -131,4 +163,6 @@ def trace_stats(trace) -> dict[str, Any]:
         out["infinite_cache_block_hit_rate"] = sum(s for _, s in _walk(reqs)) / total
     if hot:
         out["hot_fraction"] = float(np.mean([any(s.id in hot for s in r.segments) for r in reqs]))
+    if any(r.model is not None for r in reqs):
+        out.update(model_stats(reqs))
     return out

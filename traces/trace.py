@@ -10,7 +10,11 @@ Format (one JSON object per line, UTF-8):
 3. one line per request, in arrival order:
    ``{"id": 0, "t": 0.0123, "segs": [["sys", 96], ["p17", 128], ..., ["q0", 31]], "out": 32}``
    (``t`` in seconds; each segment used with its length, a prefix of the segment's tokens; optional
-   ``"session"``, and ``"fixed": true`` for prompts whose segments must keep their order).
+   ``"session"``, ``"fixed": true`` for prompts whose segments must keep their order, and ``"model"`` for a
+   trace of several models: one of the header's ``meta.models``).
+
+A trace of several models lists them in its header's ``meta.models`` (:class:`ServedModel`: name, profile
+model, tensor-parallel size, SLOs); files without models are single-model traces, as before.
 
 Loading checks every line and names the file and line of the first problem. Of the header's ``spec`` (the
 spec the trace was made from), the fields a run reads, ``qps`` and ``seed``, are checked by the rules of a
@@ -28,7 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from prism.core import KINDS, SYS, Request, Segment, SegmentTable
-from prism.config import MAX_TOKENS, build, nonneg, rate, read_jsonl
+from prism.config import MAX_TOKENS, build, nonneg, positive, rate, read_jsonl
 from prism.errors import UserError
 from prism.output import atomic_path
 
@@ -42,6 +46,38 @@ class HeaderSpec:
 
     qps: float | None = rate(None, "the mean arrival rate the trace was made at")
     seed: int | None = nonneg(None, "the seed it was made with")
+
+
+@dataclass
+class ServedModel:
+    """A model the requests of a multi-model trace go to. ``profile`` names a profile model
+    (``calibration/profiles/models.yaml``), checked where profiles are known (the command-line layer); null SLOs
+    are set by the run (a dedicated-GPU calibration)."""
+
+    name: str = ""
+    profile: str = ""
+    tp: int = positive(1, "GPUs the model is split over (tensor parallelism)")
+    ttft_slo_s: float | None = positive(None, "time-to-first-token SLO, seconds (null: set by the run)")
+    tpot_slo_s: float | None = positive(None, "time-per-output-token SLO, seconds (null: set by the run)")
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"field 'name': must be a non-empty name without '/', got {self.name!r}")
+        if not self.profile:
+            raise ValueError("field 'profile': must name a profile model (e.g. llama-3.2-1b)")
+
+
+def served_models(meta: dict[str, Any], where: str = "meta") -> list[ServedModel]:
+    """The models of a trace's ``meta.models`` (none for a single-model trace), validated."""
+    entries = meta.get("models", [])
+    if not isinstance(entries, list):
+        raise UserError("field 'models': must be a list of models", where)
+    served = [build(ServedModel, e, f"{where}.models[{i}]") for i, e in enumerate(entries)]
+    names = [m.name for m in served]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise UserError(f"field 'name': model {n!r} is listed twice", f"{where}.models[{i}]")
+    return served
 
 
 def _token_ok(t: Any) -> bool:
@@ -80,7 +116,7 @@ class Trace:
     def with_arrivals(self, times: np.ndarray, spec: dict[str, Any] | None = None) -> "Trace":
         """The same prompts in the same order at new arrival times (``spec``: the spec they are now of). The
         infinite-cache hit rate, a property of the prompts in that order, goes with them if computed."""
-        reqs = [Request(r.id, t, r.segments, r.output_len, r.session, r.fixed_order)  # tolist: the same floats,
+        reqs = [Request(r.id, t, r.segments, r.output_len, r.session, r.fixed_order, r.model)  # tolist: same floats,
                 for r, t in zip(self.requests, np.asarray(times, dtype=float).tolist())]  # made in one call
         return Trace(reqs, self.table, self.kind, self.spec if spec is None else spec, self.meta,
                      self._infinite_hit_rate)
@@ -121,6 +157,8 @@ def save(trace: Trace, path: str | Path) -> None:
                 line["session"] = r.session
             if r.fixed_order:
                 line["fixed"] = True
+            if r.model is not None:
+                line["model"] = r.model
             f.write(json.dumps(line) + "\n")
 
 
@@ -130,6 +168,7 @@ def load(path: str | Path) -> Trace:
     requests: list[Request] = []
     ids: dict[int, str] = {}
     header: dict[str, Any] | None = None
+    models: set[str] = set()
     for where, obj in read_jsonl(p, "trace file (JSONL)"):
         if not isinstance(obj, dict):
             raise UserError(f"expected a JSON object, got {type(obj).__name__}", where)
@@ -138,11 +177,15 @@ def load(path: str | Path) -> Trace:
                 raise UserError(f"not a PRISM trace (first line needs \"prism_trace\": {FORMAT_VERSION})", where)
             _check_header(obj, where)
             header = obj
+            models = {m.name for m in served_models(obj.get("meta") or {}, f"{where}: meta")}
             continue
         if "seg" in obj:
             _segment_line(obj, table, where)
         else:
             req = _request_line(obj, table, where, requests)
+            if req.model is not None and req.model not in models:
+                raise UserError(f"field 'model': {req.model!r} is not one of the header's meta.models "
+                                f"({', '.join(sorted(models)) or 'none'})", where)
             if req.id in ids:
                 raise UserError(f"field 'id': request id {req.id} repeats (first at {ids[req.id]})", where)
             ids[req.id] = where
@@ -191,7 +234,7 @@ def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
 
 
 def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Request]) -> Request:
-    unknown = set(obj) - {"id", "t", "segs", "out", "session", "fixed"}
+    unknown = set(obj) - {"id", "t", "segs", "out", "session", "fixed", "model"}
     if unknown:
         raise UserError(f"unknown field {sorted(unknown)[0]!r}", where)
     rid, t, segs, out = obj.get("id"), obj.get("t"), obj.get("segs"), obj.get("out")
@@ -221,7 +264,10 @@ def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Req
     fixed = obj.get("fixed", False)
     if not isinstance(fixed, bool):
         raise UserError("field 'fixed': must be true or false", where)
-    return Request(rid, float(t), tuple(segments), out, None if session is None else str(session), fixed)
+    model = obj.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise UserError("field 'model': must be a model name", where)
+    return Request(rid, float(t), tuple(segments), out, None if session is None else str(session), fixed, model)
 
 
 def check_layout(segments: Iterable[Segment], where: str) -> None:

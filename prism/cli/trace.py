@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from prism.calibration.profiles import check_served
 from prism.cli.common import add_set_flag, entry_point
 from prism.config import apply_overrides
 from prism.errors import UserError
@@ -13,6 +14,7 @@ from prism.output import check_out_file
 from prism.traces import trace as trace_format
 from prism.traces.spec import load_trace
 from prism.traces.stats import trace_stats
+from prism.traces.trace import Trace, served_models
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,16 +54,23 @@ def _print_stats(st: dict) -> None:
             print(f"{key:28s} {value}")
 
 
+def _load(source: str, overrides: list[str]) -> Trace:
+    """The trace, with a multi-model trace's profile models checked (a trace cannot know the profiles)."""
+    t = load_trace(source, _overrides(overrides))
+    check_served(served_models(t.meta), source)
+    return t
+
+
 @entry_point("prism-trace")
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.cmd == "gen":
         check_out_file(args.out, "-o")
-        t = load_trace(args.spec, _overrides(args.overrides))
+        t = _load(args.spec, args.overrides)
         trace_format.save(t, args.out)
         print(f"wrote {len(t)} requests, {len(t.table)} segments to {args.out}")
     elif args.cmd == "stats":
-        st = trace_stats(load_trace(args.trace, _overrides(args.overrides)))
+        st = trace_stats(_load(args.trace, args.overrides))
         if args.json:
             print(json.dumps(st, indent=2))
         else:
@@ -69,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "sample":
         if args.n < 1:
             raise UserError(f"-n must be >= 1, got {args.n}")
-        t = load_trace(args.trace, _overrides(args.overrides))
+        t = _load(args.trace, args.overrides)
         for r in t.requests[:args.n]:
             parts = " | ".join(f"{s.kind}:{s.id}({s.length})" for s in r.segments)
             sess = f" session={r.session}" if r.session else ""
-            print(f"#{r.id} t={r.arrival:.3f}s prompt={r.prompt_len} out={r.output_len}{sess}\n    {parts}")
+            model = f" model={r.model}" if r.model is not None else ""
+            print(f"#{r.id} t={r.arrival:.3f}s prompt={r.prompt_len} out={r.output_len}{sess}{model}\n    {parts}")
     return 0
