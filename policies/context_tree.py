@@ -41,25 +41,35 @@ sharing a document with the context: O(depth · k · sharing children) per searc
 
 from __future__ import annotations
 
+import struct
 from itertools import count
 from typing import Any, Callable, Hashable, Sequence
-
-import numpy as np
 
 Doc = Hashable
 
 
-def distance(a: Sequence[Doc], b: Sequence[Doc], alpha: float = 0.001) -> float:
-    """ContextPilot's distance of two document lists, rounded to float32 as its search compares it."""
-    if not a or not b:
+_F32 = struct.Struct("f")
+
+
+def positions(docs: Sequence[Doc]) -> dict[Doc, int]:
+    """Each document's position (the last one, for a repeated document, as the code's dict keeps it)."""
+    return {d: i for i, d in enumerate(docs)}
+
+
+def _distance(pos_a: dict, len_a: int, pos_b: dict, len_b: int, alpha: float) -> float:
+    if not len_a or not len_b:
         return 1.0
-    pos_a = {d: i for i, d in enumerate(a)}
-    pos_b = {d: i for i, d in enumerate(b)}
     shared = pos_a.keys() & pos_b.keys()
     if not shared:
         return 1.0
-    gap = sum(abs(pos_a[d] - pos_b[d]) for d in shared)
-    return float(np.float32((1.0 - len(shared) / max(len(a), len(b))) + alpha * (gap / len(shared))))
+    gap = sum([abs(pos_a[d] - pos_b[d]) for d in shared])
+    exact = (1.0 - len(shared) / max(len_a, len_b)) + alpha * (gap / len(shared))
+    return _F32.unpack(_F32.pack(exact))[0]  # float32, as the code's distance array holds it
+
+
+def distance(a: Sequence[Doc], b: Sequence[Doc], alpha: float = 0.001) -> float:
+    """ContextPilot's distance of two document lists, rounded to float32 as its search compares it."""
+    return _distance(positions(a), len(a), positions(b), len(b), alpha)
 
 
 def reorder_with_prefix(context: Sequence[Doc], prefix: Sequence[Doc]) -> tuple[Doc, ...]:
@@ -74,10 +84,11 @@ class Node:
     """A node of the index. ``rank`` orders siblings as ContextPilot's children list does; ``by_doc`` maps a
     document to the children whose documents hold it (insertion-ordered dicts used as sets)."""
 
-    __slots__ = ("docs", "parent", "rank", "children", "by_doc", "owner")
+    __slots__ = ("docs", "pos", "parent", "rank", "children", "by_doc", "owner")
 
     def __init__(self, docs: tuple[Doc, ...], parent: "Node | None", rank: int, owner: Any = None) -> None:
         self.docs = docs
+        self.pos = positions(docs)
         self.parent = parent
         self.rank = rank
         self.children: dict[Node, None] = {}
@@ -120,12 +131,12 @@ class ContextIndex:
     def _attach(self, parent: Node, child: Node) -> None:
         child.parent = parent
         parent.children[child] = None
-        for d in child.docs:
+        for d in child.pos:
             parent.by_doc.setdefault(d, {})[child] = None
 
     def _detach(self, parent: Node, child: Node) -> None:
         del parent.children[child]
-        for d in child.docs:
+        for d in child.pos:
             holders = parent.by_doc[d]
             del holders[child]
             if not holders:
@@ -150,28 +161,29 @@ class ContextIndex:
     # ------------------------------------------------------------ search
     def search(self, context: Sequence[Doc], alive: Callable[[Node], bool] | None = None) -> Match | None:
         """The node the context matches (None: no match), after removing the dead leaves on the way."""
+        pos = positions(context)
         while True:
-            found = self._descend(context, set(context), alive)
+            found = self._descend(pos, len(context), alive)
             if found is not _AGAIN:
                 return found
 
-    def _descend(self, context: Sequence[Doc], have: set, alive: Callable[[Node], bool] | None):
-        node = self.root
+    def _descend(self, pos: dict, length: int, alive: Callable[[Node], bool] | None):
+        node, have, alpha = self.root, pos.keys(), self.alpha
         while True:
             if node.is_leaf:  # only the root can be reached without children: an empty index
                 return None
             best, best_d = None, 0.0
             for child in {c: None for d in have for c in node.by_doc.get(d, ())}:
-                dist = distance(context, child.docs, self.alpha)
+                dist = _distance(pos, length, child.pos, len(child.docs), alpha)
                 if best is None or dist < best_d or (dist == best_d and child.rank < best.rank):
                     best, best_d = child, dist
             if best is None:  # no child shares a document (live_index.py:1230-1239)
                 if node is self.root:
                     return None
-                return Match(node, len(have.intersection(node.docs)), True)
+                return Match(node, len(have & node.pos.keys()), True)
             if alive is not None and not self._live(best, alive):
                 return _AGAIN
-            overlap = len(have.intersection(best.docs))
+            overlap = len(have & best.pos.keys())
             if best.docs[0] in have:
                 if not best.is_leaf:
                     node = best

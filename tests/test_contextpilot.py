@@ -190,7 +190,8 @@ def test_a_search_drops_the_dead_leaves_it_would_use():
 
 
 # ------------------------------------------------------------------ against the transcription
-contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True),
+contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True)
+                    | st.lists(st.sampled_from("abc"), min_size=2, max_size=4),  # a repeated document, now and then
                     min_size=1, max_size=60)
 
 
