@@ -36,7 +36,8 @@ Not modelled: batches of several contexts in one ``/reorder`` call (their hierar
 and multi-turn deduplication.
 
 Cost. Each node keeps, per document, the children that hold it, so a search level looks only at the children
-sharing a document with the context: O(depth · k · sharing children) per search for k documents.
+sharing a document with the context, and computes the distance only for those whose shared count leaves them
+a chance to be the closest (``_contenders``): O(depth · k · sharing children) per search for k documents.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ class ContextIndex:
             if node.is_leaf:  # only the root can be reached without children: an empty index
                 return None
             best, best_d = None, 0.0
-            for child in {c: None for d in have for c in node.by_doc.get(d, ())}:
+            for child in self._contenders(node, pos, length):
                 dist = _distance(pos, length, child.pos, len(child.docs), alpha)
                 if best is None or dist < best_d or (dist == best_d and child.rank < best.rank):
                     best, best_d = child, dist
@@ -190,6 +191,26 @@ class ContextIndex:
                     continue
                 return Match(best, overlap, True)
             return Match(best, overlap, False)
+
+    def _contenders(self, node: Node, pos: dict, length: int) -> list[Node]:
+        """The children sharing a document with the context that may be the closest. A child sharing s of its
+        documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
+        exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
+        smallest upper bound can neither win nor tie: only the others get their distance computed."""
+        shared: dict[Node, int] = {}
+        for d in pos:
+            for c in node.by_doc.get(d, ()):
+                shared[c] = shared.get(c, 0) + 1
+        if len(shared) <= 2:
+            return list(shared)
+        alpha, low = self.alpha, {}
+        bound = 2.0
+        for c, k in shared.items():
+            m = max(length, len(c.docs))
+            lo = low[c] = 1.0 - k / m
+            bound = min(bound, lo + alpha * (m - 1))
+        cut = _F32.unpack(_F32.pack(bound))[0]
+        return [c for c, lo in low.items() if _F32.unpack(_F32.pack(lo))[0] <= cut]
 
     def _live(self, node: Node, alive: Callable[[Node], bool]) -> bool:
         """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune
