@@ -1,230 +1,274 @@
-"""ContextPilot's context tree as arrays, with its distance matrix and its search compiled (numba, cached on
-disk): the same tree and the same answers as the readable reference in :mod:`prism.policies.contextpilot`
-(``distance_matrix``, ``build_tree``, ``search``), at a fraction of the cost.
+"""ContextPilot's live context index: a tree of the document lists of the requests it has sent, grown one leaf
+per request and pruned when the engine evicts a request.
 
-Model. Contexts are tuples of document ids; documents are numbered in first-seen order. The tree is scipy's
-average-linkage dendrogram of the contexts (leaves ``0..n-1``, merge ``k`` is node ``n+k``, its children the
-merge's two clusters in scipy's order, the root last). A node's documents are those all its leaves contain.
-Nothing per node is stored as a set: leaves are numbered in depth-first order (left child first), so a node
-covers a range ``[lo, hi)`` of them, and a prefix count per document over that order gives, for any node and
-document, how many of its leaves contain the document (``count``). Then
+Read from ContextPilot's code (``EfficientContext/ContextPilot`` at 1fa0a143; paths under ``contextpilot/``),
+the path one request takes through ``build_incremental`` (``server/live_index.py:460``), which is what its
+proxy runs for every request (``server/http_server.py:1394``: "All docs = one context"):
 
-* a node's *affinity* to a request (mean overlap of its leaves' contexts with the request's documents) is the
-  sum of ``count`` over the request's documents divided by the node's size;
-* a node's documents are the documents whose ``count`` equals its size; they are a subset of its leftmost
-  leaf's context, so their number (``n_docs``) is counted over that context once per tree, and "all of the
-  node's documents are in the request" is "as many of the request's documents have ``count`` = size".
+* **Nodes.** The root holds no documents. A leaf is one request, its documents in the order it was sent. An
+  inner node is made by a split and holds the leading documents its first two leaves share
+  (``live_index.py:1491-1640``). Children keep the order they were added in; a split puts the new inner node
+  where the leaf was (``live_index.py:1570``), the leaf first and the new leaf second below it.
+* **Distance** (``context_index/compute_distance_cpu.py:12-47``): ``1 − |A∩B| / max(|A|,|B|) + α · mean
+  |pos_A − pos_B|`` over the shared documents, 1 when they share none or one is empty; the search stores it
+  in a float32 array (``compute_distance_cpu.py:82-85``), so it is compared rounded to float32 here too.
+* **Search** (``live_index.py:1166-1259``): from the root, among the children that share a document with the
+  context, the one at the smallest distance (ties: the earlier child, ``dist < best``). If its first document
+  is in the context (*has_prefix*) and it has children, descend into it; otherwise it is the match. When no
+  child shares a document, the node the search stands on is the match (with has_prefix), or at the root there
+  is no match. (Below the root that needs children without the node's first document, which only prompts
+  indexed in their own order, then evictions, leave behind: otherwise a has_prefix match is a leaf.)
+* **Reorder** (``live_index.py:514-524, 633-661``): a matched context puts the matched node's documents that it
+  has first, in the node's order, then its others in their order; an unmatched one keeps its order.
+* **Insert** (``live_index.py:549-566``): a has_prefix match on a leaf splits the leaf (the shared leading
+  documents of the leaf and the reordered context become an inner node above both; none shared, or the same
+  documents in the same order: the new leaf becomes the leaf's sibling instead, ``live_index.py:1532-1538``);
+  a has_prefix match on an inner node takes the new leaf as its last child (``live_index.py:1398-1435``); a
+  match without has_prefix puts it beside the match, as the last child of the match's parent
+  (``live_index.py:561-566``); no match: the last child of the root (a one-context index merged under the
+  root, ``live_index.py:573-609``, which for one context is a leaf with the context's order,
+  ``context_index/index_construction.py:234-282``).
+* **Remove** (``live_index.py:1676-1723``): an evicted request's leaf goes, and a parent left without children
+  goes too, up to (not including) the root.
 
-The search (one compiled call for a batch of requests) descends as the reference does: while the child with
-the highest (affinity, size, first) has all its documents in the request. A node's documents in tree order
-(its parent's, in the parent's order, then its own others in its leftmost leaf's order) are built on demand,
-only for the nodes searches end at.
+Not modelled: batches of several contexts in one ``/reorder`` call (their hierarchical clustering and
+``_schedule_incremental`` order, ``live_index.py:573-615, 820-851``), which per-request traffic never makes,
+and multi-turn deduplication.
 
-Choices. Contexts with a repeated document are rare and the reference's bookkeeping of them is peculiar, so
-a history holding one is left to the reference (:func:`make_tree`). Cost per build: O(n² · k²) for the
-distances of n contexts of k documents (compiled) and scipy's linkage; O(n · D) for the prefix counts over D
-distinct documents. Per search: O(depth · k).
+Cost. Each node keeps, per document, the children that hold it, so a search level looks only at the children
+sharing a document with the context, and computes the distance only for those whose shared count leaves them
+a chance to be the closest (``_contenders``): O(depth · k · sharing children) per search for k documents.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import struct
+from itertools import count
+from typing import Any, Callable, Hashable, Sequence
 
-import numpy as np
-from numba import njit
-
-
-@njit(cache=True)
-def condensed_distances(docs, positions, lengths, position_weight):
-    """ContextPilot's distance of every pair i < j, in scipy's condensed order: 1 − |A∩B| / max(|A|,|B|) +
-    position_weight · mean position gap over the shared documents (0 when none are shared). ``docs``: each
-    context's document numbers (-1 padded), ``positions`` their positions; each float is computed by the
-    reference's operations in the reference's order."""
-    n = docs.shape[0]
-    out = np.empty(n * (n - 1) // 2)
-    k = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            inter = 0.0
-            gaps = 0.0
-            for a in range(lengths[i]):
-                for b in range(lengths[j]):
-                    if docs[i, a] == docs[j, b]:
-                        inter += 1.0
-                        gaps += abs(positions[i, a] - positions[j, b])
-            denom = float(max(max(lengths[i], 1), max(lengths[j], 1)))
-            mean_gap = gaps / inter if inter > 0 else 0.0
-            out[k] = 1.0 - inter / denom + position_weight * mean_gap
-            k += 1
-    return out
+Doc = Hashable
 
 
-@njit(cache=True)
-def _layout(left, right, root, n):
-    """Leaves in depth-first order (left first) and each node's leaf range [lo, hi)."""
-    n_nodes = left.shape[0]
-    lo = np.zeros(n_nodes, np.int64)
-    hi = np.zeros(n_nodes, np.int64)
-    order = np.empty(n, np.int64)
-    stack = np.empty(2 * n_nodes, np.int64)
-    top = 0
-    stack[0] = root
-    top = 1
-    placed = 0
-    visited = np.zeros(n_nodes, np.bool_)
-    while top > 0:
-        v = stack[top - 1]
-        if v < n:  # a leaf
-            order[placed] = v
-            lo[v] = placed
-            placed += 1
-            hi[v] = placed
-            top -= 1
-        elif not visited[v]:
-            visited[v] = True
-            lo[v] = placed
-            stack[top] = right[v]
-            stack[top + 1] = left[v]
-            top += 2
-        else:
-            hi[v] = placed
-            top -= 1
-    return order, lo, hi
+_F32 = struct.Struct("f")
 
 
-@njit(cache=True)
-def _n_docs(docs, lengths, order, lo, hi, cum):
-    """Per node: how many documents all its leaves contain (counted over its leftmost leaf's context)."""
-    n_nodes = lo.shape[0]
-    out = np.zeros(n_nodes, np.int64)
-    for v in range(n_nodes):
-        first = order[lo[v]]
-        size = hi[v] - lo[v]
-        for a in range(lengths[first]):
-            d = docs[first, a]
-            if cum[hi[v], d] - cum[lo[v], d] == size:
-                out[v] += 1
-    return out
+def positions(docs: Sequence[Doc]) -> dict[Doc, int]:
+    """Each document's position (the last one, for a repeated document, as the code's dict keeps it)."""
+    return {d: i for i, d in enumerate(docs)}
 
 
-@njit(cache=True)
-def search_batch(left, right, lo, hi, n_docs, cum, root, n, have, have_len):
-    """For each request (its distinct document numbers in ``have``, -1 padded; unknown documents left out):
-    the length of its search path, the path's first branch (-1 for an empty path) and the node it ends at."""
-    m = have.shape[0]
-    path_len = np.zeros(m, np.int64)
-    first = np.full(m, -1, np.int64)
-    end = np.full(m, root, np.int64)
-    for q in range(m):
-        node = root
-        if _contains(node, lo, hi, n_docs, cum, have, have_len, q):
-            steps = 0
-            while node >= n:  # an inner node
-                best = -1
-                best_aff = 0.0
-                best_size = 0
-                for c in range(2):
-                    child = left[node] if c == 0 else right[node]
-                    size = hi[child] - lo[child]
-                    total = 0
-                    for x in range(have_len[q]):
-                        d = have[q, x]
-                        total += cum[hi[child], d] - cum[lo[child], d]
-                    aff = total / size
-                    if best < 0 or aff > best_aff or (aff == best_aff and size > best_size):
-                        best, best_aff, best_size = c, aff, size
-                child = left[node] if best == 0 else right[node]
-                if not _contains(child, lo, hi, n_docs, cum, have, have_len, q):
-                    break
-                if steps == 0:
-                    first[q] = best
-                node = child
-                steps += 1
-            path_len[q] = steps
-        end[q] = node
-    return path_len, first, end
+def _distance(pos_a: dict, len_a: int, pos_b: dict, len_b: int, alpha: float) -> float:
+    if not len_a or not len_b:
+        return 1.0
+    shared = pos_a.keys() & pos_b.keys()
+    if not shared:
+        return 1.0
+    gap = sum([abs(pos_a[d] - pos_b[d]) for d in shared])
+    exact = (1.0 - len(shared) / max(len_a, len_b)) + alpha * (gap / len(shared))
+    return _F32.unpack(_F32.pack(exact))[0]  # float32, as the code's distance array holds it
 
 
-@njit(cache=True)
-def _contains(node, lo, hi, n_docs, cum, have, have_len, q):
-    """Whether all of ``node``'s documents are among request q's."""
-    size = hi[node] - lo[node]
-    found = 0
-    for x in range(have_len[q]):
-        d = have[q, x]
-        if cum[hi[node], d] - cum[lo[node], d] == size:
-            found += 1
-    return found == n_docs[node]
+def distance(a: Sequence[Doc], b: Sequence[Doc], alpha: float = 0.001) -> float:
+    """ContextPilot's distance of two document lists, rounded to float32 as its search compares it."""
+    return _distance(positions(a), len(a), positions(b), len(b), alpha)
 
 
-class ContextTree:
-    """The context tree of ``contexts`` (none with a repeated document; see :func:`make_tree`)."""
+def reorder_with_prefix(context: Sequence[Doc], prefix: Sequence[Doc]) -> tuple[Doc, ...]:
+    """The prefix's documents that the context holds, in the prefix's order, then the context's others."""
+    have = set(context)
+    head = list(dict.fromkeys(d for d in prefix if d in have))
+    used = set(head)
+    return tuple(head + [d for d in context if d not in used])
 
-    def __init__(self, contexts: Sequence[tuple[str, ...]], position_weight: float = 0.001) -> None:
-        from scipy.cluster.hierarchy import linkage
 
-        self.contexts = list(contexts)
-        n = self.n = len(self.contexts)
-        self.index: dict[str, int] = {}
-        width = max(1, max(map(len, self.contexts)))
-        docs = np.full((n, width), -1, np.int64)
-        lengths = np.zeros(n, np.int64)
-        for i, ctx in enumerate(self.contexts):
-            docs[i, :len(ctx)] = [self.index.setdefault(d, len(self.index)) for d in ctx]
-            lengths[i] = len(ctx)
-        self.names = list(self.index)
-        positions = np.broadcast_to(np.arange(width, dtype=float), (n, width))
-        left = np.full(2 * n - 1, -1, np.int64)
-        right = np.full(2 * n - 1, -1, np.int64)
-        self.distances = np.zeros(0)
-        if n > 1:
-            self.distances = condensed_distances(docs, np.ascontiguousarray(positions), lengths, position_weight)
-            merges = linkage(self.distances, method="average")
-            left[n:] = merges[:, 0]
-            right[n:] = merges[:, 1]
-        self.left, self.right, self.root = left, right, 2 * n - 2
-        self.parent = np.full(2 * n - 1, -1, np.int64)
-        self.parent[left[n:]] = np.arange(n, 2 * n - 1)
-        self.parent[right[n:]] = np.arange(n, 2 * n - 1)
-        self.order, self.lo, self.hi = _layout(left, right, self.root, n)
-        onehot = np.zeros((n + 1, max(1, len(self.index))), np.int32)
-        rows = np.repeat(np.arange(1, n + 1), lengths[self.order])
-        onehot[rows, docs[self.order][docs[self.order] >= 0]] = 1
-        self.cum = np.cumsum(onehot, axis=0, dtype=np.int32)
-        self.n_docs = _n_docs(docs, lengths, self.order, self.lo, self.hi, self.cum)
-        self._docs: dict[int, tuple[str, ...]] = {}  # node -> its documents (see docs)
-        self._lists = self.parent.tolist(), self.lo.tolist(), self.hi.tolist(), self.order.tolist()  # for docs
+class Node:
+    """A node of the index. ``rank`` orders siblings as ContextPilot's children list does; ``by_doc`` maps a
+    document to the children whose documents hold it (insertion-ordered dicts used as sets)."""
 
-    def docs(self, node: int) -> tuple[str, ...]:
-        """The node's documents in tree order: its parent's in the parent's order, then its own others in the
-        order of its leftmost leaf's context. Worked out once per node, from the nearest ancestor already
-        known down (the tree's arrays as lists: a request's admission asks for one node)."""
-        memo = self._docs
-        got = memo.get(node)
-        if got is not None:
-            return got
-        parent, lo, hi, order = self._lists
-        chain = []
-        while got is None:
-            chain.append(node)
-            node = parent[node]
-            got = memo.get(node) if node >= 0 else ()
-        cum, index, contexts = self.cum, self.index, self.contexts
-        for node in reversed(chain):
-            size, cum_hi, cum_lo = hi[node] - lo[node], cum[hi[node]], cum[lo[node]]
-            seen = set(got)
-            got = memo[node] = got + tuple([d for d in contexts[order[lo[node]]]
-                                            if d not in seen and cum_hi[index[d]] - cum_lo[index[d]] == size])
-        return got
+    __slots__ = ("docs", "pos", "parent", "rank", "children", "by_doc", "owner")
 
-    def place(self, contexts: Sequence[tuple[str, ...]]) -> list[tuple[int, int, int]]:
-        """Per context: (search path length, first branch or -1, the node the search ends at)."""
-        index = self.index
-        known = [[index[d] for d in dict.fromkeys(ctx) if d in index] for ctx in contexts]
-        have = np.full((len(known), max(1, max(map(len, known), default=1))), -1, np.int64)
-        for i, row in enumerate(known):
-            have[i, :len(row)] = row
-        have_len = np.fromiter(map(len, known), np.int64, len(known))
-        path_len, first, end = search_batch(self.left, self.right, self.lo, self.hi, self.n_docs, self.cum,
-                                            self.root, self.n, have, have_len)
-        return list(zip(path_len.tolist(), first.tolist(), end.tolist()))
+    def __init__(self, docs: tuple[Doc, ...], parent: "Node | None", rank: int, owner: Any = None) -> None:
+        self.docs = docs
+        self.pos = positions(docs)
+        self.parent = parent
+        self.rank = rank
+        self.children: dict[Node, None] = {}
+        self.by_doc: dict[Doc, dict[Node, None]] = {}
+        self.owner = owner  # a leaf's request (whatever the caller keys it by); None for inner nodes
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+class Match:
+    """What a search found: the node, how many of its documents the context has, and whether its first
+    document is in the context (``has_prefix``)."""
+
+    __slots__ = ("node", "overlap", "has_prefix")
+
+    def __init__(self, node: Node, overlap: int, has_prefix: bool) -> None:
+        self.node, self.overlap, self.has_prefix = node, overlap, has_prefix
+
+
+#: a leaf the caller says was evicted was removed during the search: search again
+_AGAIN = object()
+
+
+class ContextIndex:
+    """ContextPilot's live index (module docstring). ``alive(leaf)`` (optional) tells whether a leaf's
+    request is still in the engine's cache; the search removes, as ContextPilot's eviction callback would
+    have, each leaf it is about to use that is not."""
+
+    def __init__(self, alpha: float = 0.001) -> None:
+        self.alpha = alpha
+        self._ranks = count()
+        self.root = Node((), None, next(self._ranks))
+        self.leaves = 0
+        self.splits = 0
+        self.removed = 0
+
+    # ------------------------------------------------------------ the tree
+    def _attach(self, parent: Node, child: Node) -> None:
+        child.parent = parent
+        parent.children[child] = None
+        for d in child.pos:
+            parent.by_doc.setdefault(d, {})[child] = None
+
+    def _detach(self, parent: Node, child: Node) -> None:
+        del parent.children[child]
+        for d in child.pos:
+            holders = parent.by_doc[d]
+            del holders[child]
+            if not holders:
+                del parent.by_doc[d]
+
+    def _new_leaf(self, parent: Node, docs: tuple[Doc, ...], owner: Any) -> Node:
+        leaf = Node(docs, parent, next(self._ranks), owner)
+        self._attach(parent, leaf)
+        self.leaves += 1
+        return leaf
+
+    def remove(self, leaf: Node) -> None:
+        """An evicted request's leaf goes; so does each ancestor left without children, below the root."""
+        node = leaf
+        self.leaves -= 1
+        self.removed += 1
+        while node is not self.root and node.is_leaf:
+            parent = node.parent
+            self._detach(parent, node)
+            node = parent
+
+    # ------------------------------------------------------------ search
+    def search(self, context: Sequence[Doc], alive: Callable[[Node], bool] | None = None) -> Match | None:
+        """The node the context matches (None: no match), after removing the dead leaves on the way."""
+        pos = positions(context)
+        while True:
+            found = self._descend(pos, len(context), alive)
+            if found is not _AGAIN:
+                return found
+
+    def _descend(self, pos: dict, length: int, alive: Callable[[Node], bool] | None):
+        node, have, alpha = self.root, pos.keys(), self.alpha
+        while True:
+            if node.is_leaf:  # only the root can be reached without children: an empty index
+                return None
+            best, best_d = None, 0.0
+            for child in self._contenders(node, pos, length):
+                dist = _distance(pos, length, child.pos, len(child.docs), alpha)
+                if best is None or dist < best_d or (dist == best_d and child.rank < best.rank):
+                    best, best_d = child, dist
+            if best is None:  # no child shares a document (live_index.py:1230-1239)
+                if node is self.root:
+                    return None
+                return Match(node, len(have & node.pos.keys()), True)
+            if alive is not None and not self._live(best, alive):
+                return _AGAIN
+            overlap = len(have & best.pos.keys())
+            if best.docs[0] in have:
+                if not best.is_leaf:
+                    node = best
+                    continue
+                return Match(best, overlap, True)
+            return Match(best, overlap, False)
+
+    def _contenders(self, node: Node, pos: dict, length: int) -> list[Node]:
+        """The children sharing a document with the context that may be the closest. A child sharing s of its
+        documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
+        exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
+        smallest upper bound can neither win nor tie: only the others get their distance computed."""
+        shared: dict[Node, int] = {}
+        for d in pos:
+            for c in node.by_doc.get(d, ()):
+                shared[c] = shared.get(c, 0) + 1
+        if len(shared) <= 2:
+            return list(shared)
+        alpha, low = self.alpha, {}
+        bound = 2.0
+        for c, k in shared.items():
+            m = max(length, len(c.docs))
+            lo = low[c] = 1.0 - k / m
+            bound = min(bound, lo + alpha * (m - 1))
+        cut = _F32.unpack(_F32.pack(bound))[0]
+        return [c for c, lo in low.items() if _F32.unpack(_F32.pack(lo))[0] <= cut]
+
+    def _live(self, node: Node, alive: Callable[[Node], bool]) -> bool:
+        """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune
+        ``node`` itself). Stops at the first live leaf, depth first."""
+        if node.is_leaf:
+            if alive(node):
+                return True
+            self.remove(node)
+            return False
+        for child in list(node.children):
+            if self._live(child, alive):
+                return True
+        return False
+
+    # ------------------------------------------------------------ insert
+    def insert(self, context: Sequence[Doc], owner: Any, alive: Callable[[Node], bool] | None = None,
+               reorder: bool = True) -> tuple[tuple[Doc, ...], Node]:
+        """Index one request's context, as ContextPilot's ``build_incremental`` does for one context: the new
+        document order (the context's own when ``reorder`` is False: a prompt that may not move is indexed as
+        it is) and the request's leaf."""
+        context = tuple(context)
+        match = self.search(context, alive)
+        if match is None or match.overlap == 0:
+            return context, self._new_leaf(self.root, context, owner)
+        node = match.node
+        docs = reorder_with_prefix(context, node.docs) if reorder else context
+        if not match.has_prefix:
+            return docs, self._new_leaf(node.parent, docs, owner)
+        if node.is_leaf:
+            return docs, self._split(node, docs, owner)
+        return docs, self._new_leaf(node, docs, owner)
+
+    def _split(self, leaf: Node, docs: tuple[Doc, ...], owner: Any) -> Node:
+        """The leaf and the new context under a new inner node of their shared leading documents; a sibling
+        instead when they share none or are the same list."""
+        shared = 0
+        for a, b in zip(leaf.docs, docs):
+            if a != b:
+                break
+            shared += 1
+        parent = leaf.parent
+        if shared == 0 or (shared == len(leaf.docs) and set(leaf.docs) == set(docs)):
+            return self._new_leaf(parent, docs, owner)
+        self._detach(parent, leaf)
+        inner = Node(leaf.docs[:shared], parent, leaf.rank)  # where the leaf was among its siblings
+        self._attach(parent, inner)
+        leaf.rank = next(self._ranks)
+        self._attach(inner, leaf)
+        self.splits += 1
+        return self._new_leaf(inner, docs, owner)
+
+    # ------------------------------------------------------------ views (tests, stats)
+    def nodes(self) -> list[Node]:
+        """Every node below the root, depth first, siblings in order."""
+        out: list[Node] = []
+        stack = sorted(self.root.children, key=lambda n: n.rank, reverse=True)
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack += sorted(n.children, key=lambda c: c.rank, reverse=True)
+        return out

@@ -39,7 +39,9 @@ def paced_over_budget(kind: str) -> str:
 QAS_ROUNDS = "qas_rounds"
 QAS_BUCKETS = "qas_buckets"
 QAS_AGED = "qas_aged"  # requests served first for having waited past qas.max_wait_s
-CONTEXTPILOT_TREE_REBUILDS = "contextpilot_tree_rebuilds"
+CONTEXTPILOT_REORDERED = "contextpilot_reordered"  # requests whose documents it reordered
+CONTEXTPILOT_SPLITS = "contextpilot_splits"  # index nodes split
+CONTEXTPILOT_EVICTED = "contextpilot_evicted_requests"  # requests dropped from its index
 
 
 def evicted_tokens(tier: str) -> str:

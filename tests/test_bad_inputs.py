@@ -128,7 +128,7 @@ klpm-k-zero                     | sim           | --method klpm --set klpm.k=0 |
 set-duplicate-key               | sim           | --set 'engine={page_size: 1, page_size: 2}' | given twice
 unused-qas-under-sglang         | sim           | --set qas.q_cold=4 | section 'qas': no policy of sglang reads
 unused-klpm-under-sglang        | sim           | --set klpm.k=0 | section 'klpm'
-unused-contextpilot-under-prism | sim           | --method prism --set contextpilot.tree_size=5 | section 'contextpilot'
+unused-contextpilot-under-prism | sim           | --method prism --set contextpilot.reorder=false | section 'contextpilot'
 unused-dart-under-qas-lru       | sim           | --method qas+lru --set dart.f=3 | section 'dart'
 profile-missing-file            | sim           | --profile '{d}/none.yaml' | none.yaml: no such file
 set-without-equals              | sim           | --set engine.page_size | --set 'engine.page_size'

@@ -1,15 +1,13 @@
-"""k-LPM's limits (k=1 is FCFS, large k is LPM), SGLang's LPM details, and ContextPilot on a known example."""
+"""k-LPM's limits (k=1 is FCFS, large k is LPM) and SGLang's LPM details (ContextPilot: test_contextpilot.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism.core import PRIV, REUSE, SYS, SegmentTable, serialize
 from prism.policies.base import SchedContext
-from prism.policies.contextpilot import ContextPilot, build_tree, distance_matrix, search
 from prism.policies.klpm import KLPM, KLPMConfig
 from prism.policies.lpm import LPM
 from prism.sim.radix_cache import RadixCache
@@ -94,98 +92,6 @@ def test_lpm_in_batch_check_and_fcfs_fallback():
     # past 128 waiting, the queue keeps its order
     many = [W(i, float(200 - i), ["a"]) for i in range(129)]
     assert [r.id for r in LPM().plan(many, ctx).order] == list(range(129))
-
-
-def test_contextpilot_distance():
-    d = distance_matrix([("a", "b", "c"), ("a", "b", "d"), ("b", "a"), ("x",)])
-    assert d[0, 1] == pytest.approx(1 - 2 / 3)
-    # (a,b,c) vs (b,a): shared a (0 vs 1) and b (1 vs 0): 1 - 2/3 + 0.001 * 1
-    assert d[0, 2] == pytest.approx(1 - 2 / 3 + 0.001)
-    assert d[0, 3] == pytest.approx(1.0)
-    assert np.allclose(d, d.T)
-
-
-def test_contextpilot_known_example():
-    contexts = [("a", "b", "c"), ("a", "b", "d"), ("x", "y"), ("x", "y", "z")]
-    tree = build_tree(contexts)
-    assert tree.docs == ()
-    ab = next(c for c in tree.children if "a" in c.docs)
-    xy = next(c for c in tree.children if "x" in c.docs)
-    assert ab.docs == ("a", "b") and xy.docs == ("x", "y")
-    # the closest node of (d, b, a) is the leaf (a, b, d): its order is the parent's (a, b) then d
-    path, node = search(tree, ("d", "b", "a"))
-    assert len(path) == 2 and node.docs == ("a", "b", "d")
-    # (q, a, b) stops at the (a, b) node: neither leaf is contained in it
-    path2, node2 = search(tree, ("q", "a", "b"))
-    assert len(path2) == 1 and node2.docs == ("a", "b") and path2[0] == path[0]
-    # (z, x) cannot enter (x, y): y is missing
-    assert search(tree, ("z", "x"))[0] == []
-
-    cp = ContextPilot()
-    seed = [W(100 + i, float(i), c) for i, c in enumerate(contexts)]
-    cp.plan(seed, SchedContext(0.0, RadixCache(None)))  # builds the tree from what it has seen
-    waiting = [W(1, 10.0, ["q", "a", "b"]), W(2, 11.0, ["z", "x"]), W(3, 12.0, ["d", "b", "a"])]
-    plan = cp.plan(waiting, SchedContext(1.0, RadixCache(None)))
-    assert plan.align[3] == ("a", "b", "d")
-    assert plan.align[1] == ("a", "b", "q")
-    assert 2 not in plan.align
-    # grouped by first branch (1 and 3 share it, the group's oldest is 1 at t=10), longer path first
-    assert [r.id for r in plan.order] == [3, 1, 2]
-
-
-docs_lists = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True).map(tuple),
-                      min_size=1, max_size=40)
-
-
-@settings(max_examples=150, deadline=None)
-@given(contexts=docs_lists, queries=docs_lists)
-def test_compiled_context_tree_answers_as_the_reference(contexts, queries):
-    """The array tree (compiled distances and search) gives every query the reference's search path length,
-    first branch and end node documents, in the same order."""
-    from prism.policies.context_tree import ContextTree
-
-    tree, root = ContextTree(contexts), build_tree(contexts)
-    for q, (path_len, first, end) in zip(queries, tree.place(queries)):
-        path, node = search(root, q)
-        assert (path_len, first, tree.docs(end)) == (len(path), path[0] if path else -1, node.docs)
-    if len(contexts) > 1:  # the same distances, bit for bit
-        d = distance_matrix(contexts)
-        assert (tree.distances == d[np.triu_indices(len(contexts), k=1)]).all()
-
-
-@settings(max_examples=60, deadline=None)
-@given(rounds=st.lists(st.tuples(docs_lists, st.integers(0, 6)), min_size=1, max_size=12),
-       rebuild=st.integers(1, 20), size=st.integers(2, 30))
-def test_contextpilot_order_is_the_sort_of_its_placements(rounds, rebuild, size):
-    """Round after round (arrivals, then the engine admits a prefix of the order), the kept queue is the
-    sort the paper describes: groups by their oldest request, longer search paths first, then FIFO; each
-    request placed by the reference search on the tree of the round."""
-    from prism.policies.contextpilot import ContextPilotConfig
-
-    cp = ContextPilot(ContextPilotConfig(tree_size=size, rebuild_every=rebuild))
-    waiting, rid, built = [], 0, 0
-    for arrivals, admit in rounds:
-        for c in arrivals:
-            waiting.append(W(rid, float(rid), list(c)))
-            rid += 1
-        plan = cp.plan(waiting, SchedContext(0.0, RadixCache(None)))
-        if cp.rebuilds != built:  # the tree of the recent contexts, as of its last rebuild
-            root, built = build_tree([c for c in cp.history if c] or [()]), cp.rebuilds
-        placed = {}
-        for r in waiting:
-            path, _ = search(root, tuple(s.id for s in r.segments if s.kind == REUSE))
-            placed[r.id] = (path[0] if path else ("alone", r.id), len(path))
-        oldest = {}
-        for r in waiting:
-            g = placed[r.id][0]
-            oldest[g] = min(oldest.get(g, (r.arrival, r.id)), (r.arrival, r.id))
-        expected = sorted(waiting, key=lambda r: (oldest[placed[r.id][0]], -placed[r.id][1], r.arrival, r.id))
-        assert [r.id for r in plan.order] == [r.id for r in expected]
-        taken = plan.order[:admit]
-        cp.on_dispatch(taken, SchedContext(0.0, RadixCache(None)))
-        waiting = list(plan.order[admit:])
-
-
 
 
 def test_fcfs_hands_back_the_queue_itself():

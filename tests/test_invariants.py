@@ -126,7 +126,9 @@ def knobs(draw, scheduler: str, eviction: str) -> dict:
     elif scheduler == "klpm":
         out["klpm"] = {"k": draw(st.integers(1, 4))}
     elif scheduler == "contextpilot":
-        out["contextpilot"] = {"tree_size": draw(st.integers(1, 16)), "rebuild_every": draw(st.integers(1, 8))}
+        out["contextpilot"] = {"position_weight": draw(st.sampled_from([0.0, 0.001, 0.5])),
+                               "engine_order": draw(st.sampled_from(["lpm", "fcfs"])),
+                               "reorder": draw(st.booleans())}
     elif scheduler.startswith("qas"):
         out["qas"] = {"f_front": draw(st.integers(0, 3)), "kappa": draw(st.integers(1, 2)),
                       "q_cold": draw(st.integers(0, 3)),

@@ -1,5 +1,5 @@
 """``prism-sim`` starts lean: a plain run imports none of the heavy libraries that only some commands need
-(numba for QAS, scipy for ContextPilot and sweep statistics, matplotlib for plots). Measured in a fresh
+(numba for QAS, scipy for sweep statistics, matplotlib for plots). Measured in a fresh
 interpreter, since this test process has imported everything already. (The time it saves is measured by
 benchmarks/bench_start.py, not here.)"""
 

@@ -52,6 +52,52 @@ def test_agent_policy_and_tools_shared_per_domain(agent_trace):
     assert len({next(iter(v))[0] for v in heads.values()}) == 2
 
 
+def _task_sessions(domain_name):
+    """Every task of a domain played into its calls, with the task beside it."""
+    from prism.traces.agent import Domain, _Builder, _session_turns, AgentSpec
+    from prism.traces.arrivals import default_data_dir
+
+    domain = Domain(domain_name, default_data_dir() / "tau_bench" / domain_name)
+    b = _Builder(AgentSpec())
+    rng = np.random.default_rng(0)
+    return [(task, _session_turns(domain, task, b, rng)) for task in domain.tasks]
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_agent_sessions_play_each_task_as_tau_bench_s_agent(domain):
+    """From the task data alone: one call per tool call and per text reply (tau-bench's tool-calling agent);
+    the tool calls are the task's actions in order, after a get_user_details when the task makes no lookup
+    (the record is never in the prompt up front); a reply answers each user message (the instruction's
+    sentences, the opening two together) and lists each write before the user's confirmation; every prompt
+    ends with the generation prompt and extends the one before."""
+    from prism.core import stable_hash
+    from prism.traces.agent import LOOKUPS, WRITES, _dump, _sentences
+
+    def call_id(action):
+        text = "tool call: " + _dump({"name": action["name"], "arguments": action.get("kwargs", {})})
+        return f"call:{stable_hash(text):016x}"
+
+    for task, turns in _task_sessions(domain):
+        actions = list(task["actions"])
+        if task.get("user_id") and not {a["name"] for a in actions} & LOOKUPS:
+            actions = [{"name": "get_user_details", "kwargs": {"user_id": task["user_id"]}}] + actions
+        messages = max(1, len(_sentences(task["instruction"])) - 1)
+        writes = {call_id(a) for a in actions if a["name"] in WRITES[domain]}
+        assert len(turns) == len(actions) + messages + sum(a["name"] in WRITES[domain] for a in actions)
+        for t in turns:
+            assert t[-1].id.startswith("gen:") and t[-1].kind == PRIV
+            assert t[2].id.startswith("msg:"), "the history opens with the user's message, no record before it"
+        for a, b in zip(turns, turns[1:]):
+            assert b[:len(a)] == a
+        # the last call's history holds every earlier call's output: the task's tool calls, in order
+        hist = turns[-1]
+        called = [s.id for s in hist if s.id.startswith("call:")]
+        assert called == [call_id(a) for a in actions][:len(called)] and len(called) >= len(actions) - 1
+        for i, s in enumerate(hist):
+            if s.id in writes:  # ... [reply listing it] [user's confirmation] [gen] [this call]
+                assert hist[i - 3].id.startswith("reply:") and hist[i - 2].id.startswith("msg:")
+
+
 def test_agent_prompt_cap_and_determinism():
     need_data("tau_bench", "retail", "tasks_test.json")
     small = load_trace("agent", {"num_requests": 300, "max_prompt_tokens": 7000, "domain": "retail"})

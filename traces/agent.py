@@ -1,21 +1,35 @@
 """Agent traffic from τ-bench: each request is one LLM call of an agent session (``kind: agent``).
 
-A session is a real τ-bench task (its user and the tool calls it makes) in the airline or retail domain. Its
-k-th request (k = 0..calls) has the prompt::
+A session is a real τ-bench task (its user's instruction and the tool calls it makes) in the airline or
+retail domain, played as τ-bench's tool-calling agent plays it (``tau_bench/agents/tool_calling_agent.py``):
+one LLM call per step, a step being a tool call (the tool's result follows) or a text reply (the user's next
+message follows). A call's prompt is::
 
-    [system + domain policy]  [tool schemas]  [user's database record]  [history]  [new user message]
-     sys, shared by domain     reusable,        reusable, shared by the    earlier    private
-                               shared by domain user's sessions            turns
+    [system + domain policy]  [tool schemas]  [history ...]                             [generation prompt]
+     sys, shared by domain     reusable,       user messages, the agent's tool calls      private
+                               shared by domain and replies (private), tool results
+                                               (reusable)
 
-where the history holds, for each earlier call, the user message, the agent's tool call, and the tool's
-observation. Observations are looked up deterministically in the domain database (a reservation, an order,
-a user, flights on a route, ...) and are reusable segments: two sessions that make the same lookup share its
-tokens. The history grows by construction, so request k+1's prompt starts with request k's prompt. Prompts
-keep their order (``fixed_order``): history cannot be reordered.
+The user's messages are the instruction's sentences (the opening two together); the agent answers the
+opening by asking who the user is (as the policies require), and each later message with the task's tool
+calls spread over the messages in order, then a text reply that reads the last result back. A write is first
+listed in a reply and confirmed by the user ("yes", the policies' rule). The user's record enters through a
+lookup (``get_user_details`` first when the task makes none), as in τ-bench, where it is never in the prompt
+up front. Tool results are looked up deterministically in the domain database (a reservation, an order, a
+user, flights on a route, ...) and are reusable segments: two sessions that make the same lookup share its
+tokens (within one session a repeated lookup repeats its segment). The history grows by construction, so
+request k+1's prompt starts with request k's prompt. Prompts keep their order (``fixed_order``).
 
-Messages are the task instruction's sentences, one per call (then short confirmations). Segment ids are
-content hashes, so equal text is one segment with one token sequence. Tokens come from a deterministic local
-tokenizer unless ``tokenizer`` names a local Hugging Face tokenizer directory.
+Against τ-bench's published trajectories (``historical_trajectories/gpt-4o-airline.json``, 200 airline
+sessions, counted with the local tokenizer): 12.3 calls a session (5.8 tool calls, 6.5 replies) and prompts
+of 7,037 tokens on average (p50 6,514, p90 9,638); the airline sessions here make 8.8 calls with prompts of
+6,517 (p50 6,041, p90 8,263). The difference is the agent's own extra steps (``think``, ``calculate``,
+repeated lookups: 2.7 a session over the task's actions there), which no task records. The earlier reading
+(one call per task action with a new user message before each, the user's record in the prompt from the
+start) made 4.1 calls a session.
+
+Segment ids are content hashes, so equal text is one segment with one token sequence. Tokens come from a
+deterministic local tokenizer unless ``tokenizer`` names a local Hugging Face tokenizer directory.
 
 Requests interleave ``concurrent_sessions`` live sessions (a finished session is replaced by the next task;
 tasks are drawn in shuffled passes over the chosen domains). The order of requests comes from the content
@@ -173,32 +187,85 @@ class _Builder:
         return self.table.segment(seg_id, kind, len(full))
 
 
+#: tools that change the database: the policies require listing the action and an explicit "yes" first
+#: (airline/policy.md: "Before taking any actions that update the booking database ... obtain explicit user
+#: confirmation (yes)"; retail/policy.md likewise for cancel, modify, return, exchange)
+WRITES = {
+    "airline": {"book_reservation", "cancel_reservation", "update_reservation_baggages", "update_reservation_flights",
+                "update_reservation_passengers", "send_certificate"},
+    "retail": {"cancel_pending_order", "exchange_delivered_order_items", "modify_pending_order_address",
+               "modify_pending_order_items", "modify_pending_order_payment", "modify_user_address",
+               "return_delivered_order_items"},
+}
+LOOKUPS = {"get_user_details", "find_user_id_by_email", "find_user_id_by_name_zip"}
+#: the agent's first reply: who the user is (airline/policy.md: "obtain the user id"; retail/policy.md:
+#: "authenticate the user identity by locating their user id via email, or via name + zip code")
+ASK_IDENTITY = {"airline": "Sure, I can help with that. Could you please provide your user id?",
+                "retail": "I can help with that. To verify your identity, could you please provide your email "
+                          "address, or your first name, last name and zip code?"}
+
+
+def _summary(obs: Any) -> str:
+    """The agent's reply after its lookups: the last result's plain fields, as agents read them back."""
+    if isinstance(obs, list):
+        items = obs[:3]
+        return f"I found {len(obs)} option(s). " + " ".join(
+            "; ".join(f"{k}: {v}" for k, v in item.items() if not isinstance(v, (dict, list))) + "."
+            for item in items if isinstance(item, dict))
+    if isinstance(obs, dict):
+        fields = [f"{k}: {v}" for k, v in obs.items() if not isinstance(v, (dict, list))][:12]
+        return "Here is what I found: " + "; ".join(fields) + "."
+    return f"The result is {obs}."
+
+
+def _blocks(actions: list[dict], n: int) -> list[list[dict]]:
+    """The task's tool calls spread in order over the user's n messages after the opening (the opening gets
+    the agent's identity question only)."""
+    if n == 0:
+        return [actions]
+    return [[]] + [actions[(i * len(actions)) // n:((i + 1) * len(actions)) // n] for i in range(n)]
+
+
 def _session_turns(domain: Domain, task: dict, b: _Builder, rng: np.random.Generator) -> list[list]:
-    """The segment lists of a session's calls, in order."""
+    """The segment lists of a session's LLM calls, in order (the module docstring says how they are played)."""
     head = [b.segment(f"sys.{domain.name}", SYS, SYSTEM.format(domain=domain.name) + domain.policy),
             b.segment(f"tools.{domain.name}", REUSE, _dump(domain.tools))]
-    user = task.get("user_id")
-    record = domain.db["users"].get(user)
-    if record is not None:
-        head.append(b.segment(f"user.{domain.name}", REUSE, f"Current user {user}: " + _dump(record)))
+    actions = list(task.get("actions", []))
+    if task.get("user_id") and not any(a.get("name") in LOOKUPS for a in actions):
+        actions.insert(0, {"name": "get_user_details", "kwargs": {"user_id": task["user_id"]}})
     sentences = _sentences(task.get("instruction", ""))
-    opening = " ".join(sentences[:2])
-    messages = [opening] + sentences[2:]
+    messages = [" ".join(sentences[:2])] + sentences[2:]
     history: list = []
     turns = []
-    for k, action in enumerate(list(task.get("actions", [])) + [None]):
-        if k < len(messages):
-            msg = messages[k]
-        else:
-            msg = CONFIRMATIONS[int(rng.integers(len(CONFIRMATIONS)))]
-        message = b.segment("msg", PRIV, "User: " + msg)
-        turns.append(head + history + [message])
-        if action is None:
-            break
-        name, kwargs = action.get("name", ""), action.get("kwargs", {})
-        call = b.segment("call", PRIV, "Assistant tool call: " + _dump({"name": name, "arguments": kwargs}))
-        obs = b.segment(f"obs.{domain.name}", REUSE, f"Tool {name} returned: " + _dump(domain.observe(name, kwargs)))
-        history = history + [message, call, obs]
+
+    gen = b.segment("gen", PRIV, "Assistant:")  # the chat template's generation prompt ends every prompt
+
+    def call(segment) -> None:  # an LLM call on the history so far; its output joins the history
+        turns.append(head + history + [gen])
+        history.extend((gen, segment))
+
+    def user(text: str) -> None:
+        history.append(b.segment("msg", PRIV, "User: " + text))
+
+    def reply(text: str) -> None:
+        call(b.segment("reply", PRIV, text))
+
+    for k, (msg, block) in enumerate(zip(messages, _blocks(actions, len(messages) - 1))):
+        user(msg)
+        if k == 0 and len(messages) > 1:
+            reply(ASK_IDENTITY[domain.name])
+            continue
+        result: Any = None
+        for action in block:
+            name, kwargs = action.get("name", ""), action.get("kwargs", {})
+            if name in WRITES[domain.name]:
+                reply(f"Before I proceed, please confirm this action: {name} with {_dump(kwargs)}. "
+                      "Shall I go ahead (yes/no)?")
+                user(CONFIRMATIONS[int(rng.integers(len(CONFIRMATIONS)))])
+            call(b.segment("call", PRIV, "tool call: " + _dump({"name": name, "arguments": kwargs})))
+            result = domain.observe(name, kwargs)
+            history.append(b.segment(f"obs.{domain.name}", REUSE, f"Tool {name} returned: " + _dump(result)))
+        reply(_summary(result) + " How would you like to proceed?" if block else "Understood. Let me look into it.")
     return turns
 
 

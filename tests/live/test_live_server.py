@@ -159,12 +159,12 @@ def test_ctrl_c_leaves_partial_results_one_line_and_no_process(tmp_path):
 
 def test_paced_validate_matches_the_simulator_at_low_load(tmp_path):
     out = tmp_path / "validate"
-    rc = live_main(["validate", "--trace", "zipf", "--methods", "sglang,prism", "--qps", "12",
+    rc = live_main(["validate", "--trace", "zipf", "--methods", "sglang,prism,contextpilot", "--qps", "12",
                     "--set", "trace.num_requests=40", "--set", "qas.window_s=0",  # prism: QAS in the engine
                     "--pace", "a800-80g:qwen3-4b-instruct-2507", "--out", str(out), "--no-progress", "--port", "30133"])
     assert rc == 0
     rows = json.loads((out / "validate.json").read_text())
-    assert {r["method"] for r in rows} == {"sglang", "prism"}
+    assert {r["method"] for r in rows} == {"sglang", "prism", "contextpilot"}
     for r in rows:
         assert abs(r["hit_diff_pts"]) <= 2.0, r
         assert abs(r["p50_ratio"] - 1) <= 0.25, r  # README: paced on CPU at low load, P50 within 25%

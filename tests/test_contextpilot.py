@@ -1,0 +1,294 @@
+"""ContextPilot against its code (``EfficientContext/ContextPilot`` at 1fa0a143, paths under ``contextpilot/``):
+one test per rule of the per-request path, citing the lines it comes from, plus the optimized index against a
+plain transcription of the code (tests/contextpilot_reference.py) and the scheduler against SGLang's LPM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextpilot_reference import RefIndex, ref_distance
+from prism.core import PRIV, REUSE, SYS, SegmentTable, realigned, serialize, serialize_bytes
+from prism.policies.base import SchedContext
+from prism.policies.context_tree import ContextIndex, distance, reorder_with_prefix
+from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
+from prism.policies.lpm import LPM
+from prism.sim.radix_cache import RadixCache
+
+TABLE = SegmentTable()
+
+
+class W:
+    fixed_order = False
+
+    def __init__(self, rid, skeleton, t=None, priv_len=3):
+        self.id, self.arrival = rid, float(rid if t is None else t)
+        self.segments = (TABLE.segment("sys", SYS, 4), *(TABLE.segment(s, REUSE, 8) for s in skeleton),
+                         TABLE.segment(f"q{rid}", PRIV, priv_len))
+        self.key = serialize(self.segments).tobytes()
+        self.prompt_len = len(self.key) // 4
+
+
+def shape(index: ContextIndex):
+    """The optimized index as nested (docs, children) tuples, siblings by rank: comparable to RefIndex.shape."""
+    def walk(n):
+        return tuple(n.docs), tuple(walk(c) for c in sorted(n.children, key=lambda c: c.rank))
+    return walk(index.root)
+
+
+def grown(contexts):
+    index = ContextIndex()
+    return index, [index.insert(c, i)[0] for i, c in enumerate(contexts)]
+
+
+# ------------------------------------------------------------------ the distance
+def test_distance_as_compute_distance_single():
+    """compute_distance_cpu.py:25-47: 1 − |A∩B|/max(|A|,|B|) + α·mean position gap; 1.0 for an empty list or
+    nothing shared; compared as float32 (compute_distance_cpu.py:82-85: the search's array is float32)."""
+    assert distance(["a", "b", "c"], ["a", "b", "d"]) == np.float32(1 - 2 / 3)
+    # a: positions 0 and 1, b: 1 and 0: mean gap 1
+    assert distance(["a", "b", "c"], ["b", "a"]) == np.float32(1 - 2 / 3 + 0.001 * 1)
+    assert distance(["a"], ["x"]) == 1.0 and distance([], ["a"]) == 1.0 and distance(["a"], []) == 1.0
+    assert distance(["a", "b"], ["b", "a"], alpha=0.5) == np.float32(0 + 0.5 * 1)
+    # float32 makes two float64-distinct distances tie: 1 − 4/7 + α·g for gaps that differ below float32's ulp
+    d1 = (1 - 4 / 7) + 1e-9 * 1
+    assert d1 != 1 - 4 / 7 and np.float32(d1) == np.float32(1 - 4 / 7)
+
+
+@given(a=st.lists(st.sampled_from("abcdefgh"), max_size=6), b=st.lists(st.sampled_from("abcdefgh"), max_size=6),
+       alpha=st.sampled_from([0.0, 0.001, 0.3]))
+def test_distance_equals_the_transcription(a, b, alpha):
+    assert distance(a, b, alpha) == float(np.float32(ref_distance(a, b, alpha)))
+
+
+# ------------------------------------------------------------------ reorder
+def test_reorder_puts_the_matched_nodes_documents_first():
+    """live_index.py:633-661 (_reorder_with_prefix): the prefix's documents the context has, in the prefix's
+    order, then the context's others in their order; its docstring's example."""
+    assert reorder_with_prefix(["a", "b", "c"], ["c", "a"]) == ("c", "a", "b")
+    assert reorder_with_prefix(["d", "b", "x", "a"], ["a", "b", "c"]) == ("a", "b", "d", "x")
+    assert reorder_with_prefix(["x", "y"], ["a", "b"]) == ("x", "y")
+
+
+# ------------------------------------------------------------------ search
+def test_search_takes_the_closest_child_sharing_a_document_ties_to_the_earlier():
+    """live_index.py:1215-1228: among the children with overlap > 0, the smallest distance; ``dist <
+    best_distance`` keeps the earlier child on a tie."""
+    index, _ = grown([["a", "x"], ["b", "y"], ["a", "b", "c"]])
+    # (a, b): distance 0.5 to (a, x) and (b, y) and 1/3 to (a, b, c): the third child
+    assert index.search(["a", "b"]).node.docs == ("a", "b", "c")
+    # (a, b, q, r): 0.75 to (a, x) and to (b, y) (positions equal), 0.5 to (a, b, c)
+    assert index.search(["a", "b", "q", "r"]).node.docs == ("a", "b", "c")
+    tie, _ = grown([["a", "x"], ["b", "y"]])
+    assert tie.search(["a", "b"]).node.docs == ("a", "x")  # equal distances: the first child
+    # a child sharing nothing is never the match, however close the rest: (z,) shares nothing
+    assert grown([["z"]])[0].search(["a"]) is None
+
+
+def test_search_descends_while_the_first_document_is_in_the_context():
+    """live_index.py:1246-1259: the best child's first document in the context (has_prefix) and it has
+    children: descend; a leaf: the match, has_prefix; first document missing: the match, without has_prefix."""
+    index, _ = grown([["a", "b", "c"], ["a", "b", "d"]])  # split: (a, b) over (a, b, c) and (a, b, d)
+    m = index.search(["a", "b", "d", "e"])
+    assert m.node.docs == ("a", "b", "d") and m.has_prefix and m.overlap == 3
+    m = index.search(["b", "q"])  # (a, b) is closest but a is missing: stop at it, no prefix
+    assert m.node.docs == ("a", "b") and not m.has_prefix and m.overlap == 1
+
+
+def test_no_child_of_the_root_sharing_a_document_is_no_match():
+    """live_index.py:1230-1239 and 1281: nothing shared with the root's children, or an empty index: no match."""
+    index, _ = grown([["a", "b", "c"], ["a", "b", "d"]])
+    assert index.search(["z"]) is None
+    assert ContextIndex().search(["a"]) is None
+
+
+# ------------------------------------------------------------------ insert
+def test_a_prefix_match_on_a_leaf_splits_it():
+    """live_index.py:551-555, 1491-1640: the shared leading documents become an inner node where the leaf
+    was, the leaf its first child and the new context its second (the docstring's example)."""
+    index, docs = grown([["a", "b", "c", "d", "e"], ["a", "b", "c", "x", "y"]])
+    assert docs[1] == ("a", "b", "c", "x", "y")
+    assert shape(index) == ((), ((("a", "b", "c"), ((("a", "b", "c", "d", "e"), ()), (("a", "b", "c", "x", "y"), ()))),))
+    assert index.splits == 1
+
+
+def test_a_split_of_the_same_list_makes_a_sibling():
+    """live_index.py:1536-1538: the same documents in the same order (after reordering): the new leaf is the
+    leaf's sibling, no inner node. (No shared head at all, live_index.py:1532-1534, cannot happen after a
+    has_prefix match: the reordered context starts with the leaf's first document.)"""
+    index, docs = grown([["a", "b"], ["b", "a"]])
+    assert docs[1] == ("a", "b") and shape(index) == ((), ((("a", "b"), ()), (("a", "b"), ())))
+    assert index.splits == 0
+    index, docs = grown([["a", "b"], ["x", "a"]])  # reordered to (a, x): split at (a,)
+    assert docs[1] == ("a", "x") and shape(index)[1][0][0] == ("a",) and index.splits == 1
+
+
+def test_a_prefix_match_on_an_inner_node_appends_a_child():
+    """live_index.py:1230-1239 then 556-560, 1398-1435: a search that enters a node none of whose children
+    shares a document matches the node itself (has_prefix), which takes the new leaf as its last child. It
+    takes prompts indexed in their own order, then evictions, to leave such a node: here (a, b) keeps only
+    (b, x), split off a prompt that may not move."""
+    index, ref = ContextIndex(), RefIndex()
+    steps = [(("a", "b", "c"), True), (("a", "b", "d"), True), (("b", "x", "a"), False), (("b", "x", "q", "a"), False)]
+    leaves, ref_leaves = [], []
+    for i, (c, movable) in enumerate(steps):
+        leaves.append(index.insert(c, i, reorder=movable)[1])
+        ref_leaves.append(ref.insert(c, i, reorder=movable)[1])
+    assert shape(index) == ref.shape()
+    inner = shape(index)[1][0]
+    assert inner[0] == ("a", "b") and [c[0] for c in inner[1]] == [("a", "b", "c"), ("a", "b", "d"), ("b", "x")]
+    dead = {0, 1}
+    docs, _ = index.insert(("z", "a"), 4, alive=lambda leaf: leaf.owner not in dead)
+    for j in dead:
+        ref.remove(ref_leaves[j])
+    assert docs == tuple(ref.insert(("z", "a"), 4)[0]) == ("a", "z")
+    assert shape(index) == ref.shape()
+    assert [c[0] for c in shape(index)[1][0][1]] == [("b", "x"), ("a", "z")]
+
+
+def test_a_match_without_its_first_document_goes_beside_it():
+    """live_index.py:561-566: without has_prefix, the new leaf is the last child of the match's parent; its
+    documents are still reordered to the match's (live_index.py:523-524 runs for either mode)."""
+    index, docs = grown([["a", "b", "c"], ["c", "b", "q"]])
+    assert docs[1] == ("b", "c", "q")  # the match (a, b, c)'s order for b and c
+    assert [c[0] for c in shape(index)[1]] == [("a", "b", "c"), ("b", "c", "q")]
+
+
+def test_no_match_keeps_the_order_and_hangs_from_the_root():
+    """live_index.py:533-535, 573-609 with index_construction.py:234-282: an unmatched context builds a
+    one-context index (order unchanged) merged under the root."""
+    index, docs = grown([["a", "b"], ["y", "x"]])
+    assert docs[1] == ("y", "x") and [c[0] for c in shape(index)[1]] == [("a", "b"), ("y", "x")]
+
+
+# ------------------------------------------------------------------ remove
+def test_an_evicted_leaf_goes_and_empty_parents_with_it():
+    """live_index.py:1676-1723: remove the request's leaf; a parent left without children goes too (never
+    the root)."""
+    index, _ = grown([["a", "b", "c"], ["a", "b", "d"], ["x"]])
+    leaves = {n.owner: n for n in index.nodes() if n.is_leaf}
+    index.remove(leaves[0])
+    assert shape(index) == ((), ((("a", "b"), ((("a", "b", "d"), ()),)), (("x",), ())))
+    index.remove(leaves[1])
+    index.remove(leaves[2])
+    assert shape(index) == ((), ()) and index.leaves == 0
+
+
+def test_a_search_drops_the_dead_leaves_it_would_use():
+    """The engine's eviction callback removes a request (_sglang_hook.py:142-171, live_index.py:1055-1085):
+    a leaf the caller says is dead is removed before the search uses it, with its emptied parents, and the
+    search runs again on what is left."""
+    index, _ = grown([["a", "b", "c"], ["a", "b", "d"], ["q", "b"]])
+    assert [c[0] for c in shape(index)[1]] == [("a", "b"), ("b", "q")]
+    dead = {0, 1}
+    m = index.search(["a", "b", "c"], alive=lambda leaf: leaf.owner not in dead)
+    # (a, b) held only dead leaves: both and it pruned; the closest live node is (b, q)
+    assert m.node.docs == ("b", "q") and m.has_prefix and index.removed == 2
+    assert [c[0] for c in shape(index)[1]] == [("b", "q")]
+
+
+# ------------------------------------------------------------------ against the transcription
+contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True)
+                    | st.lists(st.sampled_from("abc"), min_size=2, max_size=4),  # a repeated document, now and then
+                    min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cs=contexts, drops=st.lists(st.integers(0, 59), max_size=20), alpha=st.sampled_from([0.001, 0.0, 0.4]),
+       fixed=st.lists(st.booleans(), min_size=60, max_size=60))
+def test_the_index_grows_and_prunes_as_the_code_does(cs, drops, alpha, fixed):
+    """Context after context (some indexed in their own order, as prompts that may not move are; some leaves
+    removed on the way, as evictions would), the optimized index gives every context the transcription's new
+    order and keeps the same tree."""
+    mine, ref = ContextIndex(alpha), RefIndex(alpha)
+    mine_leaf, ref_leaf = {}, {}
+    for i, c in enumerate(cs):
+        if not c:
+            continue
+        got, leaf = mine.insert(c, i, reorder=not fixed[i])
+        want, rleaf = ref.insert(c, i, reorder=not fixed[i])
+        assert got == tuple(want)
+        mine_leaf[i], ref_leaf[i] = leaf, rleaf
+        for j in sorted({d for d in drops if d == i // 2 and d in mine_leaf}):  # drop an earlier one now and then
+            mine.remove(mine_leaf.pop(j))
+            ref.remove(ref_leaf.pop(j))
+        assert shape(mine) == ref.shape()
+
+
+# ------------------------------------------------------------------ the scheduler
+def lpm_order_on_sent(waiting, cache, sent_order):
+    """SGLang's LPM over the prompts as ContextPilot sent them (its new order per request)."""
+    class S:
+        def __init__(self, r):
+            self.id, self.r, self.prompt_len = r.id, r, r.prompt_len
+            segs = realigned(r.segments, sent_order[r.id], r.id) if r.id in sent_order else None
+            self.key = serialize_bytes(segs) if segs else r.key
+    return [s.r.id for s in LPM().plan([S(r) for r in waiting], SchedContext(0.0, cache)).order]
+
+
+@settings(max_examples=80, deadline=None)
+@given(cs=st.lists(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True), min_size=1,
+                   max_size=30),
+       cached=st.lists(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True), max_size=4))
+def test_the_engine_orders_the_queue_as_lpm_on_the_prompts_as_sent(cs, cached):
+    """No ordering of its own: each request is indexed once, alone (http_server.py:1394), and the queue is
+    SGLang's LPM order over the reordered prompts (ContextPilot's docs run SGLang with --schedule-policy lpm,
+    docs/getting_started/quickstart.md:167), so no request waits on a rule of ContextPilot's."""
+    cache = RadixCache(None)
+    for sk in cached:
+        cache.insert(W(-1, sk).key, 0.0)
+    waiting = [W(i, c) for i, c in enumerate(cs)]
+    cp = ContextPilot()
+    plan = cp.plan(waiting, SchedContext(0.0, cache))
+    ref, want = RefIndex(), {}
+    for r, c in zip(waiting, cs):
+        new = tuple(ref.insert(c, r.id)[0])
+        if new != tuple(c):
+            want[r.id] = new
+    assert dict(plan.align) == want
+    assert [r.id for r in plan.order] == lpm_order_on_sent(waiting, cache, want)
+
+
+def test_reorder_off_is_the_engines_order():
+    """``reorder: false`` is the engine's scheduler alone: the ablation baseline (SGLang's LPM, byte for
+    byte)."""
+    waiting = [W(0, ["a", "b"]), W(1, ["b", "a"]), W(2, ["c"])]
+    cache = RadixCache(None)
+    cache.insert(W(-1, ["c"]).key, 0.0)
+    off = ContextPilot(ContextPilotConfig(reorder=False)).plan(waiting, SchedContext(0.0, cache))
+    assert [r.id for r in off.order] == [r.id for r in LPM().plan(waiting, SchedContext(0.0, cache)).order]
+    assert not off.align
+
+
+def test_an_evicted_request_leaves_the_index_a_queued_one_stays():
+    """A request leaves the index once admitted, gone from the engine and no longer wholly cached; while it
+    waits (nothing of it is cached yet) it stays."""
+    cache = RadixCache(None)
+    cp = ContextPilot()
+    first = W(0, ["a", "b", "c"])
+    cp.plan([first], SchedContext(0.0, cache))
+    second = W(1, ["c", "b", "z"])
+    plan = cp.plan([first, second], SchedContext(0.0, cache))
+    assert plan.align[1] == ("b", "c", "z")  # matched (a, b, c) without its first document: beside it
+    cp.on_dispatch([first], SchedContext(0.0, cache))  # admitted, finished, never cached (or evicted): dead
+    third = W(2, ["c", "b", "y"])
+    plan = cp.plan([second, third], SchedContext(0.0, cache))
+    assert cp.index.removed == 1  # the first one's leaf went; the second, still queued, is what third matches
+    assert plan.align[2] == ("b", "c", "y")
+    cache.insert(serialize_bytes(realigned(second.segments, ("b", "c", "z"), 1)), 0.0)
+    cp.on_dispatch([second], SchedContext(0.0, cache))  # admitted and its prompt cached: alive
+    cp.plan([third, W(3, ["c", "b"])], SchedContext(0.0, cache))
+    assert cp.index.removed == 1
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_prompts_that_may_not_move_are_indexed_as_they_are(fixed):
+    w = W(1, ["c", "b"])
+    w.fixed_order = fixed
+    cp = ContextPilot()
+    plan = cp.plan([W(0, ["b", "c", "a"]), w], SchedContext(0.0, RadixCache(None)))
+    assert (1 in plan.align) is (not fixed)
+    assert [n.docs for n in cp.index.nodes() if n.owner is not None and n.owner.id == 1] == [
+        ("c", "b") if fixed else ("b", "c")]
