@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Sequence
 
-from prism.counters import (FRONT_ALIGNMENT_MOVES, FRONTEND_WINDOWS, REPREFILL_HIT_TOKENS, REPREFILLED_TOKENS,
-                            admitted_lane)
+from prism.counters import (ADMITTED_LANE, FRONT_ALIGNMENT_MOVES, FRONTEND_WINDOWS, REPREFILL_HIT_TOKENS,
+                            REPREFILLED_TOKENS)
 
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler, WaitingRequest
 
@@ -38,7 +38,7 @@ class Bookkeeper:
             counters[REPREFILLED_TOKENS] += new
         if not seq.lane:
             seq.lane = lane
-        counters[admitted_lane(seq.lane)] += 1
+        counters[ADMITTED_LANE[seq.lane]] += 1
         counters[FRONT_ALIGNMENT_MOVES] += seq.realigned
         self.eviction.on_admit(seq)
         self.hints.admit(seq.shared_ids())

@@ -12,7 +12,7 @@ A new scheduler is one file in ``policies/`` (a :class:`~prism.policies.base.Sch
 ``name``) and one line in :data:`SCHEDULERS`.
 
 Classes are imported on first use, so that a run imports only the policies it runs: QAS's compiled kernels
-(numba) and ContextPilot's context index cost a few hundred milliseconds to import, several times the
+(numba) cost a few hundred milliseconds to import, several times the
 start of a whole FCFS run. So the registry's names are the knob sections too: a policy's section is its name,
 unless it declares another (DFS-weight reads LPM's).
 """

@@ -59,6 +59,22 @@ def admitted_lane(lane: str) -> str:
     return f"admitted_{lane}_lane"
 
 
+class _Names(dict):
+    """name function's results by label, made on first use (an engine counts one per admission)."""
+
+    def __init__(self, name) -> None:
+        super().__init__()
+        self._name = name
+
+    def __missing__(self, label: str) -> str:
+        out = self[label] = self._name(label)
+        return out
+
+
+#: admitted_lane by lane, made once per lane
+ADMITTED_LANE = _Names(admitted_lane)
+
+
 #: the per-tier names, made once (the engine counts one per evicted node)
 EVICTED_TOKENS = {tier: evicted_tokens(tier) for tier in TIERS}
 

@@ -89,9 +89,8 @@ class SGLangRule:
         """The decode SGLang reserves for a request at admission: what it may still generate, clipped."""
         return min(seq.output_len - seq.retracted_output, self.clip)
 
-    def owed(self, seq: Seq, new: int) -> int:
-        """KV tokens the engine owes a request it admits with ``new`` tokens to compute: its prompt's."""
-        return new
+    #: the engine owes an admitted request its prompt's KV only (its decode is estimated, and may retract)
+    owes_decode = False
 
     def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
         return new + self.max_new(seq) + self.page < available - offset
@@ -144,14 +143,14 @@ class SGLangRule:
 class FullRule:
     """``engine.admission: full``: a request's whole decode is owed from its admission; nothing is retracted."""
 
+    #: the engine owes an admitted request its prompt's KV and its whole decode
+    owes_decode = True
+
     def __init__(self, cfg: EngineConfig) -> None:
         pass
 
-    def owed(self, seq: Seq, new: int) -> int:
-        return new + seq.output_len - 1  # the last token's KV is never computed
-
     def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
-        return self.owed(seq, new) <= available
+        return new + seq.output_len - 1 <= available  # the last token's KV is never computed
 
     def charge(self, seq: Seq, take: int, last: bool) -> int:
         return 0
@@ -187,38 +186,31 @@ class PrefillAdder:
         self.batch: list[tuple[Seq, int, int]] = []
         self.out_of_kv = False  # a request was refused for lack of KV (SGLang's batch_is_full)
 
-    def has_budget(self) -> bool:
-        return self.chunk > 0 and self.input > 0
-
     def add_chunk(self, seq: Seq, left: int) -> int:
         """The next chunk of a chunked request (its KV is owed already): the tokens it takes now."""
-        take = self._cut(left)
-        self._add(seq, take, seq.kv_len)
+        take = left if left <= self.chunk else self.chunk - self.chunk % self.page
+        self.batch.append((seq, take, seq.kv_len))
+        self.chunk -= take
+        self.input -= take
         if take == left:
             self.offset += self.rule.charge(seq, take, True)
         return take
 
-    def try_add(self, seq: Seq, new: int, available: float) -> tuple[int, int]:
-        """Add ``seq`` with ``new`` tokens to compute, ``available`` KV tokens left for admissions: (tokens it
-        takes now, KV tokens the engine owes it), or (0, 0) when it does not fit."""
+    def try_add(self, seq: Seq, new: int, cached: int, available: float) -> tuple[int, int]:
+        """Add ``seq`` with ``new`` tokens to compute after ``cached`` ones, ``available`` KV tokens left for
+        admissions: (tokens it takes now, KV tokens the engine owes it), or (0, 0) when it does not fit. A
+        prompt longer than the chunk budget left is cut to the whole pages it has."""
         rule = self.rule
         if self.bounded and not rule.fits(seq, new, available, self.offset):
             self.out_of_kv = True
             return 0, 0
         if new > self.input and self.batch:
             return 0, 0
-        take = self._cut(new)
+        take = new if new <= self.chunk else self.chunk - self.chunk % self.page
         if take <= 0:
             return 0, 0
-        self._add(seq, take, seq.fill_len - new)
-        self.offset += rule.charge(seq, take, take == new)
-        return take, rule.owed(seq, new)
-
-    def _cut(self, tokens: int) -> int:
-        """What the chunk budget takes of ``tokens``: all of them, or the whole pages it has left."""
-        return tokens if tokens <= self.chunk else self.chunk - self.chunk % self.page
-
-    def _add(self, seq: Seq, take: int, cached: int) -> None:
         self.batch.append((seq, take, cached))
         self.chunk -= take
         self.input -= take
+        self.offset += rule.charge(seq, take, take == new)
+        return take, (new + seq.output_len - 1 if rule.owes_decode else new)

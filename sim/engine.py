@@ -252,22 +252,23 @@ class Engine:
         plan = self.scheduler.plan(self.waiting, ctx)
         self.counters[SCHEDULING_ROUNDS] += 1
         admitted: list[Seq] = []
+        now = self.env.now
         for seq in plan.order:
             if len(self.active) >= cfg.max_running_requests:
                 self.batch_is_full = True
                 break
-            if not adder.has_budget():
+            if adder.chunk <= 0 or adder.input <= 0:  # no budget left
                 break
             seq.realign(plan.align.get(seq.id))  # it matters once the request reaches the cache: applied here
-            hit, node = self.cache.match(seq.fill_key()[:-TOKEN_BYTES], self.env.now, seq.layout)
+            hit, node = self.cache.match(seq.fill_key()[:-TOKEN_BYTES], now, seq.layout)
             self.cache.lock(node)
             new = seq.fill_len - hit
-            take, owed = adder.try_add(seq, new, self._available())
+            take, owed = adder.try_add(seq, new, hit, self._available())
             if not take:
                 self.cache.unlock(node)
                 self.batch_is_full = self.batch_is_full or adder.out_of_kv
                 break
-            self._start(seq, hit, node, take, owed, plan.lane(seq.id))
+            self._start(seq, hit, new, node, take, owed, plan.lane(seq.id))
             admitted.append(seq)
             if take < new:
                 self.chunked = seq
@@ -286,35 +287,29 @@ class Engine:
         seq = self.chunked
         left = seq.fill_len - seq.kv_len
         take = adder.add_chunk(seq, left)
-        self._claim(take)
+        self.inflight += take  # owed since its admission
+        self.owed -= take
         if take < left:
             return False
         self.chunked = None
         return True
 
-    def _start(self, seq: Seq, hit: int, node, take: int, owed: int, lane: str) -> None:
-        """``seq`` joins the running batch with ``hit`` tokens cached (``node`` locked) and its first ``take``
-        tokens in this batch; the engine owes it ``owed`` KV tokens."""
-        new = seq.fill_len - hit
+    def _start(self, seq: Seq, hit: int, new: int, node, take: int, owed: int, lane: str) -> None:
+        """``seq`` joins the running batch with ``hit`` tokens cached (``node`` locked) and ``new`` to compute,
+        the first ``take`` of them in this batch; the engine owes it ``owed`` KV tokens."""
         again = seq.retracted_output > 0
         seq.kv_len = hit
         if not again:
             seq.hit = hit
         seq.node = node
-        self.owed += owed
-        self._claim(take)
+        self.owed += owed - take  # the batch computes its first take tokens
+        self.inflight += take
         self.active[seq.id] = seq
         self.books.admit(seq, lane, hit, new, again)
         if self.on_admit is not None:
             self.on_admit(seq)
         if self.events is not None:
             self.events.admitted(self, seq, hit)
-
-    def _claim(self, take: int) -> None:
-        """The next ``take`` tokens of a request's fill are computed in this batch (they were owed); the batch's
-        eviction settles the space before the iteration runs."""
-        self.inflight += take
-        self.owed -= take
 
     def _push_decoding(self, seq: Seq) -> None:
         heapq.heappush(self.decoding, (seq.finish_step, seq))

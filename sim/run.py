@@ -79,7 +79,7 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
     instances = [Instance(i, run.env, spec, run.finisher(i if routed else None),
                           policy is not None and policy.reads_queued_prefill, events)
                  for i in range(spec.cluster.instances)]
-    entry = instances[0] if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
+    entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
     run.client = Client(run.env, entry, spec.trace.requests, spec.engine.max_concurrency)
 
@@ -118,7 +118,7 @@ class Replay:
 
     def finisher(self, instance: int | None) -> Callable[[Seq], None]:
         """What an instance calls when a request finishes (``instance``: where a router sent it)."""
-        return lambda seq: self.finished(seq, instance)
+        return self.finished if instance is None else lambda seq: self.finished(seq, instance)
 
     def finished(self, seq: Seq, instance: int | None = None) -> None:
         self.records.append(record_of(seq, instance))
