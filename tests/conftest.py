@@ -36,4 +36,16 @@ def tiny_zipf():
     return generate(ZipfHotspotSpec(num_requests=200, qps=20.0))
 
 
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory) -> Path:
+    """The small BPE tokenizer with a ChatML template (prism.traces.demo_tokenizer), built once per session."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    need_data("multihop_rag")
+    need_data("tau_bench")
+    from prism.traces.demo_tokenizer import build
+
+    return build(tmp_path_factory.mktemp("tokenizer"))
+
+
 __all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT"]
