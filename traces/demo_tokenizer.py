@@ -14,8 +14,9 @@ tool support in the manner of Qwen 2.5: tool schemas rendered into the system bl
     from prism.traces.demo_tokenizer import build
     folder = build(tmp_path / "tok")        # about 2 s; the same bytes on every run
 
-Tests build it once per session (``tests/conftest.py``); the live suite starts SGLang with the same folder.
-``prism-trace make-tokenizer -o DIR`` writes one from the command line.
+Tests get it as the session fixture ``chat_tokenizer_dir`` (``tests/conftest.py``, which ``tests/live`` shares:
+the live suite can start SGLang with the same folder); ``prism-trace make-tokenizer -o DIR`` writes one from the
+command line.
 """
 
 from __future__ import annotations
