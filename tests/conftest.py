@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
@@ -28,6 +29,21 @@ def make_trace(specs, table: SegmentTable | None = None) -> Trace:
     return Trace(reqs, table, "custom", {"qps": None, "seed": 0})
 
 
+def brute_force_hits(requests) -> list[int]:
+    """Infinite-cache hits by comparing every prompt's tokens with every earlier one's (at least one token left)."""
+    out, seen = [], []
+    for r in requests:
+        t = r.tokens()
+        best = 0
+        for e in seen:
+            n = min(len(t), len(e))
+            diff = np.flatnonzero(t[:n] != e[:n])
+            best = max(best, int(diff[0]) if len(diff) else n)
+        out.append(min(best, len(t) - 1))
+        seen.append(t)
+    return out
+
+
 @pytest.fixture
 def tiny_zipf():
     from prism.traces.spec import generate
@@ -48,4 +64,4 @@ def chat_tokenizer_dir(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("tokenizer"))
 
 
-__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT"]
+__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT", "brute_force_hits"]
