@@ -5,8 +5,9 @@ carry their constraints in metadata. :func:`build` turns a mapping into such a d
 keys, wrong types and out-of-range values with a :class:`~prism.errors.UserError` that names the field.
 
 Input files are read here too, each kind in one place (:func:`open_input`, :func:`parse_yaml`,
-:func:`read_jsonl`), so that every way a file can be bad (missing, unreadable, not text, not YAML or JSON,
-nested without end, a number past any range) ends as one line naming the file and line, never a traceback.
+:func:`read_jsonl`, :func:`read_json_records`), so that every way a file can be bad (missing, unreadable, not
+text, not YAML or JSON, nested without end, a number past any range) ends as one line naming the file and line,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -221,6 +223,47 @@ def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str
             except ValueError as e:
                 raise UserError(_json_error(e), where) from None
             yield where, value
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def read_json_records(path: str | Path, what: str = "JSON file") -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` for each element of a file holding one JSON array (``where``: ``FILE:LINE`` of the line
+    the element starts on), or for each line of a JSON-lines file: the two shapes request logs come in. Values are
+    read by the rules of :func:`parse_json`."""
+    text = read_text(path, what)
+    pos = _SPACE.match(text).end()
+    if not text.startswith("[", pos):
+        yield from read_jsonl(path, what)
+        return
+    pos, line, counted = pos + 1, 1, 0
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        if text.startswith("]", pos):
+            break
+        line += text.count("\n", counted, pos)
+        counted = pos
+        where = f"{path}:{line}"
+        try:
+            value, end = _DECODER.raw_decode(text, pos)
+        except RecursionError:
+            raise UserError(f"invalid JSON ({TOO_DEEP})", where) from None
+        except ValueError as e:
+            at = f"{path}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else where
+            raise UserError(_json_error(e), at) from None
+        if text.count("[", pos, end) + text.count("{", pos, end) > MAX_NESTING and _depth(value) > MAX_NESTING:
+            raise UserError(f"invalid JSON ({TOO_DEEP})", where)
+        yield where, value
+        pos = _SPACE.match(text, end).end()
+        if text.startswith(",", pos):
+            pos += 1
+        elif not text.startswith("]", pos):
+            raise UserError("invalid JSON (expected ',' or ']' after an element of the array)",
+                            f"{path}:{line + text.count(chr(10), counted, pos)}")
+    rest = _SPACE.match(text, pos + 1).end()
+    if rest < len(text):
+        raise UserError("invalid JSON (extra data after the array)", f"{path}:{text.count(chr(10), 0, rest) + 1}")
 
 
 class _Loader(yaml.SafeLoader):
