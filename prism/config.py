@@ -168,13 +168,17 @@ def _int64(text: str) -> int:
 
 
 def _depth(value: Any) -> int:
-    """Levels of lists and mappings in ``value`` (walked without recursion)."""
+    """Levels of lists and mappings in a parsed JSON ``value`` (walked without recursion; only containers are
+    pushed, so a request log's long lines of strings cost little)."""
+    if type(value) is not dict and type(value) is not list:
+        return 0
     deepest, stack = 0, [(value, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (list, dict)):
-            deepest = max(deepest, d)
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+        if d > deepest:
+            deepest = d
+        stack.extend([(x, d + 1) for x in (v.values() if type(v) is dict else v)
+                      if type(x) is dict or type(x) is list])
     return deepest
 
 
@@ -206,11 +210,19 @@ def parse_json(text: str, where: str) -> Any:
                         ) from None
 
 
-def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str, Any]]:
+def read_jsonl(path: str | Path, what: str = "JSONL file",
+               part: tuple[int, int | None, int] = (0, None, 1)) -> Iterator[tuple[str, Any]]:
     """``(where, value)`` for each non-blank line of a JSON-lines file (``where`` is ``FILE:LINE``); a line
-    that is not UTF-8 or not JSON (by the rules of :func:`parse_json`) ends with one line naming it."""
+    that is not UTF-8 or not JSON (by the rules of :func:`parse_json`) ends with one line naming it.
+    ``part``: ``(start byte, end byte or None, number of the line at start)``, one of :func:`jsonl_parts`."""
+    start, end, first = part
     with open_input(path, what) as f:
-        for lineno, raw in enumerate(f, start=1):
+        f.seek(start)
+        pos = start
+        for lineno, raw in enumerate(f, start=first):
+            if end is not None and pos >= end:
+                break
+            pos += len(raw)
             where = f"{path}:{lineno}"
             try:
                 text = raw.decode("utf-8")
@@ -223,6 +235,33 @@ def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str
             except ValueError as e:
                 raise UserError(_json_error(e), where) from None
             yield where, value
+
+
+def jsonl_parts(path: str | Path, count: int, what: str = "JSONL file") -> list[tuple[int, int | None, int]]:
+    """``count`` (or fewer) contiguous parts of a JSON-lines file, each starting at a line: ``(start byte, end
+    byte or None for the file's end, number of its first line)``, for readers that work on parts in parallel."""
+    with open_input(path, what) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            cuts = [0]
+            for i in range(1, count):
+                f.seek(max(cuts[-1], size * i // count))
+                f.readline()  # to the start of the next line
+                at = f.tell()
+                if cuts[-1] < at < size:
+                    cuts.append(at)
+            f.seek(0)
+            lines, pos = [1], 0
+            for cut in cuts[1:]:  # newlines before each cut, read in chunks
+                n = lines[-1]
+                while pos < cut:
+                    chunk = f.read(min(1 << 24, cut - pos))
+                    n += chunk.count(b"\n")
+                    pos += len(chunk)
+                lines.append(n)
+        except OSError as e:
+            raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
+    return [(c, cuts[i + 1] if i + 1 < len(cuts) else None, n) for i, (c, n) in enumerate(zip(cuts, lines))]
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")

@@ -54,7 +54,8 @@ def check_tiles(tok, layout, messages, tools=None):
 def test_the_demo_template_takes_text_parts_as_a_list(tok):
     assert tok.content_format() == "openai" and tok.piecewise
     assert content_format("{% for m in messages %}{{ m.content }}{% endfor %}") == "string"
-    assert content_format("{% for turn in messages %}{% for p in turn['content'] %}{% endfor %}{% endfor %}") == "string"
+    loops = "{% for turn in messages %}{% for p in turn['content'] %}{% endfor %}{% endfor %}"
+    assert content_format(loops) == "string"
     assert content_format("{% for m in messages %}{% for p in m['content'] %}{% endfor %}{% endfor %}") == "openai"
     assert content_format("{% for message in messages %}{% for p in message['content'] %}{{ p.text }}"
                           "{% endfor %}{% endfor %}") == "openai"
@@ -63,7 +64,8 @@ def test_the_demo_template_takes_text_parts_as_a_list(tok):
 def test_two_requests_sharing_a_system_prompt_and_two_of_three_documents(tok, seg):
     a, b = seg.layouts([(rag(DOCS[:3], "When did the trial begin?"), None, None),
                         (rag([DOCS[0], DOCS[1], DOCS[3]], "Who founded it?"), None, None)])
-    for layout, docs, q in ((a, DOCS[:3], "When did the trial begin?"), (b, [DOCS[0], DOCS[1], DOCS[3]], "Who founded it?")):
+    for layout, docs, q in ((a, DOCS[:3], "When did the trial begin?"),
+                            (b, [DOCS[0], DOCS[1], DOCS[3]], "Who founded it?")):
         assert [k for k, _, _ in layout.segments] == [SYS, REUSE, REUSE, REUSE, PRIV]
         assert texts(tok, layout) == [f"<|im_start|>system\n{SYSTEM}<|im_end|>\n", f"<|im_start|>user\n{docs[0]}",
                                       docs[1], docs[2], f"{q}<|im_end|>\n<|im_start|>assistant\n"]
@@ -158,7 +160,8 @@ def test_declared_segments_override_the_reading_and_may_move(tok, seg):
 
 def test_the_server_view_follows_sglang(tok):
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": None},
-            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]},
             {"role": "tool", "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]},
             {"role": "assistant", "content": "draft"}]
     string = server_view(msgs, "string")

@@ -227,3 +227,36 @@ def test_segment_statistics_count_kinds_labels_and_sharing(chat_tokenizer_dir, t
     counts = {sid: sum(any(s.id == sid for s in r.segments) for r in t.requests) for sid in kinds[REUSE]}
     assert st_["most_shared"][0][:2] == [max(counts, key=counts.get), 3]
     assert st_["reusable_shared"] == {"segments": 2, "of": 4, "requests_with_one": 3}
+
+
+def test_a_log_read_in_parts_by_two_processes_gives_the_same_trace(chat_tokenizer_dir, tmp_path, monkeypatch, capsys):
+    """The parts meet at a line boundary; segment ids, first appearances, timestamps and drawn lengths come out as
+    one reader's. A bad line in the second part is reported as one reader reports it."""
+    import prism.traces.openai_log as openai_log
+
+    monkeypatch.setattr(openai_log, "PARALLEL_BYTES", 0)
+    log = tmp_path / "log.jsonl"
+    lines = [chat_line(["Shared doc.\n", f"Doc {i % 7}.\n"], f"q{i}", 100 + i, None if i % 3 else 4)
+             for i in range(300)]
+    log.write_text("\n".join(lines) + "\n")
+    for workers in (1, 2):
+        run("import", log, "--format", "openai", "--tokenizer", chat_tokenizer_dir, "--workers", workers,
+            "--output-len", "log:uniform:5,50", "-o", tmp_path / f"w{workers}.jsonl", "--no-progress")
+    assert (tmp_path / "w1.jsonl").read_bytes() == (tmp_path / "w2.jsonl").read_bytes()
+    lines[250] = lines[250].replace('"timestamp": 350', '"timestamp": 10')
+    log.write_text("\n".join(lines) + "\n")
+    code = trace_main(["import", str(log), "--format", "openai", "--tokenizer", str(chat_tokenizer_dir),
+                       "--workers", "2", "--output-len", "9", "-o", str(tmp_path / "bad.jsonl"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{log}:251: field 'timestamp': earlier than the line before" in err
+    assert not (tmp_path / "bad.jsonl").exists()
+    from prism.config import jsonl_parts
+
+    lines[250] = chat_line(["Shared doc.\n"], "q250", 350, 4)
+    log.write_text("\n".join(lines) + "\n")
+    first = jsonl_parts(log, 2)[1][2]  # the second part's first line: only the merge sees it go back
+    lines[first - 1] = chat_line(["Shared doc.\n"], "q", 1, 4)
+    log.write_text("\n".join(lines) + "\n")
+    code = trace_main(["import", str(log), "--format", "openai", "--tokenizer", str(chat_tokenizer_dir),
+                       "--workers", "2", "--output-len", "9", "-o", str(tmp_path / "bad.jsonl"), "--no-progress"])
+    assert code == 2 and f"{log}:{first}: field 'timestamp': earlier" in capsys.readouterr().err

@@ -26,10 +26,9 @@ from prism.core import TOKEN_DTYPE
 from prism.errors import UserError
 from prism.output import atomic_path
 
-from prism.traces.arrivals import streams
 from prism.traces.chat import ChatSegmenter, block_layout
 from prism.traces.chat_template import ChatTokenizer
-from prism.traces.importing import ImportOptions, Timestamps, TraceBuilder, count, number, progress
+from prism.traces.importing import ImportOptions, LaidOut, Timestamps, build_trace, count, number, progress
 from prism.traces.openai_log import BATCH, check_messages, flush
 from prism.traces.trace import MAX_TOKEN_ID, Trace
 
@@ -60,16 +59,15 @@ def _output(row: dict, where: str) -> int | None:
 def read(path: Path, options: ImportOptions) -> Trace:
     tok = ChatTokenizer(options.tokenizer) if options.tokenizer else None
     seg = None
-    builder, stamps = TraceBuilder(), Timestamps(options.qps is None)
-    rng = streams(options.seed)[0]
-    batch: list[tuple] = []
+    out, stamps, batch = LaidOut(), Timestamps(options.qps is None), []
     with progress(options) as bar:
         for where, row in read_jsonl(path, "autobench trace (JSONL)"):
             if not isinstance(row, dict):
                 raise UserError(f"expected a JSON object, got {type(row).__name__}", where)
-            ms = number(row.get("timestamp"), "timestamp", where)
-            stamps.add(None if ms is None else ms / 1000.0, where)
-            out = options.output_len.value(_output(row, where), rng, where)
+            ms = number(row.get("timestamp"), "timestamp", where) if options.qps is None else None
+            seconds = None if ms is None else ms / 1000.0
+            stamps.add(seconds, where)
+            logged = options.output_len.check(_output(row, where), where)
             prompt = row.get("messages", row.get("prompt"))
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
                 if seg is None:
@@ -77,20 +75,20 @@ def read(path: Path, options: ImportOptions) -> Trace:
                         raise UserError("--tokenizer: chat messages need the model's tokenizer folder", where)
                     tok.check_template()
                     seg = ChatSegmenter(tok)
-                batch.append(((check_messages(prompt, where, "prompt"), None, None), where, out, None))
+                batch.append(((check_messages(prompt, where, "prompt"), None, None), logged, None, seconds, where))
                 if len(batch) >= BATCH:
-                    flush(seg, batch, builder)
+                    flush(seg, batch, out)
                     bar.update(BATCH)
                 continue
-            flush(seg, batch, builder)  # keep the file's order
+            flush(seg, batch, out)  # keep the file's order
             ids = _prompt_ids(prompt, tok, where)
             n = count(row.get("prompt_len"), "prompt_len", where, low=1)
             if n is not None and n != len(ids):
                 raise UserError(f"field 'prompt_len': {n}, but 'prompt' holds {len(ids)} tokens", where)
-            builder.add(block_layout(ids, options.block_tokens), out)
+            out.add(block_layout(ids, options.block_tokens), logged, None, seconds, where)
             bar.update(1)
-        flush(seg, batch, builder)
-    return builder.trace(path, options, stamps.times(len(builder.requests), options, str(path)))
+        flush(seg, batch, out)
+    return build_trace(path, options, [out])
 
 
 def _prompt_ids(prompt: Any, tok: ChatTokenizer | None, where: str) -> np.ndarray:

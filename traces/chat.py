@@ -160,7 +160,8 @@ def _parsed_call(call: Any, k: int) -> Any:
 
 
 def _digest(previous: bytes, item: Any) -> bytes:
-    text = json.dumps(item, sort_keys=True, ensure_ascii=False, default=str)
+    """A chained key of the messages so far (in their keys' order, which a template's ``tojson`` sees too)."""
+    text = json.dumps(item, ensure_ascii=False, default=str)
     return hashlib.blake2b(previous + text.encode(), digest_size=16).digest()
 
 
@@ -176,6 +177,8 @@ class ChatSegmenter:
         self.tok = tokenizer
         self._prefix: dict[bytes, tuple[int, int]] = {}
         self._tools_cut: dict[bytes, int | None] = {}
+        self._tools: dict[tuple, list[tuple[list, bytes]]] = {}
+        self._tools_count = 0
 
     def layout(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                declared: Declared | None = None) -> ChatLayout:
@@ -196,7 +199,26 @@ class ChatSegmenter:
                 for (tokens, starts), (_, cuts, fixed, unplaced) in zip(tokenized, plans)]
 
     # ---------------------------------------------------------------- where the cuts go
+    def _shared_tools(self, tools) -> tuple[list | None, bytes]:
+        """One object (and key) for equal tool lists: a log repeats its schemas on every line, and the template's
+        ``tojson`` (:mod:`prism.traces.chat_template` caches it by object) and the memo keys then see them once.
+        Found by the tools' names, confirmed by equality."""
+        if not tools:
+            return None, b"no tools"
+        names = tuple(t.get("function", t).get("name") if isinstance(t.get("function", t), dict) else None
+                      for t in tools)
+        for known, key in self._tools.get(names, ()):
+            if known is tools or known == tools:
+                return known, key
+        if self._tools_count >= PREFIX_MEMO // 100:
+            self._tools.clear()
+        self._tools_count += 1
+        key = _digest(b"tools", tools)
+        self._tools.setdefault(names, []).append((tools, key))
+        return tools, key
+
     def _plan(self, messages, tools, declared):
+        tools, tools_key = self._shared_tools(tools)
         view = server_view(messages, self.tok.content_format(tools))
         try:
             text = self.tok.render(view, tools, True)
@@ -204,20 +226,22 @@ class ChatSegmenter:
             raise ChatError(f"the chat template refuses the request: {e}") from None
         if declared is not None:
             return text, _declared_cuts(text, declared), not declared.movable, 0
-        starts = self._block_starts(view, tools, text)
+        starts = self._block_starts(view, tools, tools_key, text)
         cuts: list[tuple[int, str]] = []
         unplaced, cursor = 0, 0
         for k, m in enumerate(view):
             limit = next((s for s in starts[k + 1:] if s is not None), len(text))
             texts = _texts(messages[k])  # the parts as sent: a "string" template sees them joined
-            start = starts[k] if starts[k] is not None and starts[k] >= cursor else _find(text, texts[:1], cursor, limit)
+            start = starts[k]
+            if start is None or start < cursor:
+                start = _find(text, texts[:1], cursor, limit)
             if start is None:
                 unplaced += 1
                 continue
             role = m.get("role")
             if k == 0 and role in SYSTEM_ROLES:
                 cuts.append((start, "sys"))
-                at = self._tools_at(view[0], tools, text) if tools else None
+                at = self._tools_at(view[0], tools, tools_key, text) if tools else None
                 if at is not None and start < at < limit:
                     cuts.append((at, "tools"))
                 cursor = max(start, at or 0)
@@ -231,11 +255,11 @@ class ChatSegmenter:
             cursor = start
         return text, _increasing(cuts), True, unplaced
 
-    def _block_starts(self, view: list[dict], tools, text: str) -> list[int | None]:
+    def _block_starts(self, view: list[dict], tools, tools_key: bytes, text: str) -> list[int | None]:
         """Where each message's block starts in ``text``: the length of the rendering of the messages before it,
         if that rendering is how ``text`` begins (None where it is not)."""
         starts: list[int | None] = [0]
-        key = _digest(b"tools", tools)
+        key = tools_key
         last = 0
         for k in range(1, len(view)):
             key = _digest(key, view[k - 1])
@@ -255,10 +279,10 @@ class ChatSegmenter:
             last = length if ok else last
         return starts
 
-    def _tools_at(self, system: dict, tools, text: str) -> int | None:
+    def _tools_at(self, system: dict, tools, tools_key: bytes, text: str) -> int | None:
         """Where the tool schemas start in the system block: the first character at which that block rendered with
         the tools differs from it rendered without them (None if the block with tools does not begin ``text``)."""
-        key = _digest(_digest(b"tools", tools), system)
+        key = _digest(tools_key, system)
         if key not in self._tools_cut:
             try:
                 with_tools = self.tok.render([system], tools, False)

@@ -38,6 +38,7 @@ from prism.traces.tokenizer import load_fast, tokenizer_json
 #: pre-tokenizers that treat every piece between added tokens alike (so that pieces encode independently)
 _PIECEWISE_PRE = {"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "UnicodeScripts"}
 MEMO_TOKENS = 4_000_000  # tokens of encoded pieces kept for reuse (about 40 MB with their keys)
+TOJSON_CACHE = 4096  # objects whose JSON text is remembered
 
 
 class TemplateRefused(ValueError):
@@ -47,6 +48,50 @@ class TemplateRefused(ValueError):
 def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
             sort_keys: bool = False) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _CachedToJson:
+    """transformers' ``tojson``, remembered for the last TOJSON_CACHE objects it was given (by identity, holding
+    them so that an id is never reused): tool schemas a log repeats on every line are serialized once. Templates
+    run sandboxed and immutable, so an object cannot change between two calls."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, tuple[Any, str]] = {}
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> str:
+        if type(x) is not dict and type(x) is not list:
+            return _tojson(x, *args, **kwargs)
+        key = (id(x), args, tuple(sorted(kwargs.items())))
+        hit = self._seen.get(key)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        if len(self._seen) >= TOJSON_CACHE:
+            self._seen.clear()
+        text = _tojson(x, *args, **kwargs)
+        self._seen[key] = (x, text)
+        return text
+
+
+class _Fields(dict):
+    """A message for the template: a dict whose keys also read as attributes. Jinja reads ``message.content`` by
+    trying the attribute first and, on AttributeError, the item; answering the attribute directly gives the same
+    value (names with a leading underscore, and missing keys, still take Jinja's own way) and renders a
+    conversation about three times faster."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self:
+            raise AttributeError(name)
+        return self[name]
+
+
+def _fields(value: Any) -> Any:
+    if type(value) is dict:
+        return _Fields({k: _fields(v) for k, v in value.items()})
+    if type(value) is list:
+        return [_fields(v) for v in value]
+    return value
 
 
 def _environment():
@@ -70,8 +115,15 @@ def _environment():
     def raise_exception(message: str):
         raise jinja2.exceptions.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    env.filters["tojson"] = _tojson
+    class Sandbox(ImmutableSandboxedEnvironment):
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            """A message's field read as an attribute is data (Jinja's own item fallback returns it unchecked)."""
+            if type(obj) is _Fields and attr[:1] != "_" and dict.get(obj, attr, _Fields) is value:
+                return True
+            return super().is_safe_attribute(obj, attr, value)
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = _CachedToJson()
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
@@ -141,7 +193,8 @@ class ChatTokenizer:
 
     def _pieces_are_independent(self, added: dict) -> bool:
         spec = json.loads(self._tok.to_str())
-        if any(t.lstrip or t.rstrip or t.single_word or (t.normalized and spec.get("normalizer")) for t in added.values()):
+        if any(t.lstrip or t.rstrip or t.single_word or (t.normalized and spec.get("normalizer"))
+               for t in added.values()):
             return False
         pre = spec.get("pre_tokenizer")
         stack = [pre] if pre else []
@@ -221,8 +274,8 @@ class ChatTokenizer:
 
         template = self._template(tools)[0]
         try:
-            return template.render(messages=list(messages), tools=list(tools) if tools else None, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **self._special)
+            return template.render(messages=_fields(list(messages)), tools=list(tools) if tools else None,
+                                   documents=None, add_generation_prompt=add_generation_prompt, **self._special)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise TemplateRefused(" ".join(str(e).split()) or type(e).__name__) from None
 

@@ -17,8 +17,7 @@ from prism.config import MAX_TOKENS, read_text
 from prism.core import PRIV
 from prism.errors import UserError
 
-from prism.traces.arrivals import streams
-from prism.traces.importing import ImportOptions, Timestamps, TraceBuilder, progress
+from prism.traces.importing import ImportOptions, LaidOut, Timestamps, build_trace, progress
 from prism.traces.trace import Trace
 
 COLUMNS = ("timestamp", "prompt_tokens", "output_tokens")
@@ -45,19 +44,16 @@ def read(path: Path, options: ImportOptions) -> Trace:
     if missing:
         raise UserError(f"missing column {missing[0]!r} (the header needs {', '.join(COLUMNS)})", f"{path}:1")
     reader.fieldnames = names
-    builder, stamps = TraceBuilder(), Timestamps(options.qps is None)
-    rng = streams(options.seed)[0]
+    out, stamps = LaidOut(), Timestamps(options.qps is None)
     with progress(options) as bar:
         for line, row in enumerate(reader, start=2):
             where = f"{path}:{line}"
             if None in row or any(row.get(c) is None for c in COLUMNS):
                 raise UserError(f"expected {len(names)} fields, got a row of another length", where)
-            if options.qps is None:
-                stamps.add(_field(row, "timestamp", where, integer=False), where)
+            seconds = _field(row, "timestamp", where, integer=False) if options.qps is None else None
+            stamps.add(seconds, where)
             n = int(_field(row, "prompt_tokens", where, integer=True))
             logged = int(_field(row, "output_tokens", where, integer=True))
-            out = options.output_len.value(logged, rng, where)
-            seg_id = f"csv{len(builder.requests)}"
-            builder.add_segments((builder.table.segment(seg_id, PRIV, n),), out)
+            out.add_segments(((PRIV, f"csv{len(out.records)}", n),), logged, seconds, where)
             bar.update(1)
-    return builder.trace(path, options, stamps.times(len(builder.requests), options, str(path)))
+    return build_trace(path, options, [out])

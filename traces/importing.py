@@ -50,11 +50,16 @@ class OutputLengths:
         rest = spec[4:] if spec.startswith("log:") else ("" if spec == "log" else spec)
         return cls(from_log, _distribution(rest, text, flag) if rest else None, spec)
 
+    def check(self, logged: int | None, where: str) -> int | None:
+        """``logged``, or a UserError if the log must give one and does not (a reader checks as it reads)."""
+        if logged is None and self.dist is None:
+            raise UserError("no output length in the log: give --output-len (e.g. 256, uniform:32,512)", where)
+        return logged
+
     def value(self, logged: int | None, rng: np.random.Generator, where: str) -> int:
         if self.from_log and logged is not None:
             return max(1, logged)
-        if self.dist is None:
-            raise UserError("no output length in the log: give --output-len (e.g. 256, uniform:32,512)", where)
+        self.check(logged, where)
         name, args = self.dist
         if name == "fixed":
             x = args[0]
@@ -99,6 +104,7 @@ class ImportOptions:
     block_tokens: int = 512
     sessions: int = 16
     progress: bool = True
+    workers: int = 0  # processes for a large OpenAI log (0: one per CPU)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -111,6 +117,8 @@ class ImportOptions:
             raise UserError(f"--block-tokens: must be in 1..{MAX_BLOCK_TOKENS}, got {self.block_tokens}")
         if not 1 <= self.sessions <= 100_000:
             raise UserError(f"--sessions: must be in 1..100000, got {self.sessions}")
+        if self.workers < 0:
+            raise UserError(f"--workers: must be >= 0 (0: one per CPU), got {self.workers}")
 
 
 class Timestamps:
@@ -165,40 +173,59 @@ def count(value: Any, name: str, where: str, low: int = 0) -> int | None:
     return value
 
 
-class TraceBuilder:
-    """Requests from layouts: each new segment id is declared once with its tokens (a copy: a layout's prompt
-    is not kept)."""
+@dataclass
+class LaidOut:
+    """Requests as one reader (one process, over one part of a log) lays them out: per request its segments
+    ``(kind, id, length)`` and what the log says of it; the tokens of each segment id the first time this reader
+    meets it (none for a segment of made-up tokens, a CSV row's). Small to send between processes: a shared
+    segment's tokens travel once."""
 
-    def __init__(self) -> None:
-        self.table = SegmentTable()
-        self.requests: list[Request] = []
-        self.unplaced = 0
+    records: list[tuple] = field(default_factory=list)  # (segments, logged output, session, fixed, seconds, where)
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    unplaced: int = 0
 
-    def add(self, layout: ChatLayout, output_len: int, session: str | None = None) -> None:
-        segments, start, table = [], 0, self.table
+    def add(self, layout: ChatLayout, logged: int | None, session: str | None, seconds: float | None,
+            where: str) -> None:
+        segments, start, tokens = [], 0, self.tokens
         for kind, seg_id, end in layout.segments:
-            if seg_id not in table:
-                table.declare(seg_id, kind, tokens=layout.tokens[start:end].copy())
-            segments.append(table.segment(seg_id, kind, end - start))
+            if seg_id not in tokens:
+                tokens[seg_id] = layout.tokens[start:end].copy()  # a copy: the prompt is not kept
+            segments.append((kind, seg_id, end - start))
             start = end
-        self.requests.append(Request(len(self.requests), 0.0, tuple(segments), output_len, session,
-                                     layout.fixed_order))
+        self.records.append((tuple(segments), logged, session, layout.fixed_order, seconds, where))
         self.unplaced += layout.unplaced
 
-    def add_segments(self, segments: tuple, output_len: int, session: str | None = None,
-                     fixed_order: bool = True) -> None:
-        self.requests.append(Request(len(self.requests), 0.0, segments, output_len, session, fixed_order))
+    def add_segments(self, segments: tuple, logged: int | None, seconds: float | None, where: str) -> None:
+        self.records.append((segments, logged, None, True, seconds, where))
 
-    def trace(self, path: Path, options: ImportOptions, times: np.ndarray, meta: dict | None = None) -> Trace:
-        if not self.requests:
-            raise UserError("the log has no requests", str(path))
-        spec = {"format": options.format, "source": str(path), "tokenizer": options.tokenizer, "qps": options.qps,
-                "seed": options.seed, "output_len": options.output_len.text}
-        if options.format in ("autobench", "csv"):
-            spec["block_tokens"] = options.block_tokens
-        info = {"source": str(path), "format": options.format, "unplaced_messages": self.unplaced, **(meta or {})}
-        trace = Trace(self.requests, self.table, "imported", spec, info)
-        return trace.with_arrivals(times, spec)
+
+def build_trace(path: Path, options: ImportOptions, parts: list[LaidOut], meta: dict | None = None) -> Trace:
+    """The trace of a log's parts, in order: arrivals from the log (checked across the parts) or Poisson, output
+    lengths from the log or drawn (one stream, request by request, however the log was split), each segment id
+    declared once."""
+    table, requests = SegmentTable(), []
+    stamps = Timestamps(options.qps is None)
+    rng = streams(options.seed)[0]
+    for part in parts:
+        for segments, logged, session, fixed, seconds, where in part.records:
+            stamps.add(seconds, where)
+            out = options.output_len.value(logged, rng, where)
+            segs = []
+            for kind, seg_id, n in segments:
+                if seg_id not in table:
+                    table.declare(seg_id, kind, tokens=part.tokens.get(seg_id))
+                segs.append(table.segment(seg_id, kind, n))
+            requests.append(Request(len(requests), 0.0, tuple(segs), out, session, fixed))
+    if not requests:
+        raise UserError("the log has no requests", str(path))
+    spec = {"format": options.format, "source": str(path), "tokenizer": options.tokenizer, "qps": options.qps,
+            "seed": options.seed, "output_len": options.output_len.text}
+    if options.format in ("autobench", "csv"):
+        spec["block_tokens"] = options.block_tokens
+    info = {"source": str(path), "format": options.format,
+            "unplaced_messages": sum(p.unplaced for p in parts), **(meta or {})}
+    trace = Trace(requests, table, "imported", spec, info)
+    return trace.with_arrivals(stamps.times(len(requests), options, str(path)), spec)
 
 
 def reader(fmt: str) -> Callable[[Path, ImportOptions], Trace]:
@@ -216,4 +243,5 @@ def progress(options: ImportOptions, what: str = "requests"):
 
     from tqdm import tqdm
 
-    return tqdm(disable=not options.progress or not sys.stderr.isatty(), unit=" req", desc=f"import {what}", leave=False, mininterval=0.5)
+    return tqdm(disable=not options.progress or not sys.stderr.isatty(), unit=" req", desc=f"import {what}",
+                leave=False, mininterval=0.5)

@@ -21,25 +21,28 @@ original (a segment shorter than the template's tokens cannot be, and the export
 from __future__ import annotations
 
 import json
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from prism.config import read_jsonl
+from prism.config import jsonl_parts, read_jsonl
 from prism.core import KINDS, SYS, stable_hash
 from prism.errors import UserError
 from prism.output import atomic_path
 
-from prism.traces.arrivals import streams
 from prism.traces.chat import ChatError, ChatSegmenter, Declared
 from prism.traces.chat_template import ChatTokenizer
-from prism.traces.importing import ImportOptions, Timestamps, TraceBuilder, count, number, progress
+from prism.traces.importing import ImportOptions, LaidOut, Timestamps, build_trace, count, number, progress
 from prism.traces.trace import Trace
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 BATCH = 512  # requests whose new pieces are encoded together
+PARALLEL_BYTES = 8 << 20  # a smaller log is read by one process (starting one costs about a second)
+WHAT = "OpenAI request log (JSONL)"
 _WORD = re.compile(r"^ [A-Za-z]+$")
 
 
@@ -146,37 +149,60 @@ def output_tokens(body: dict, where: str) -> int | None:
 
 
 def read(path: Path, options: ImportOptions) -> Trace:
+    """The log's requests; a large log is read in parts by ``options.workers`` processes (its first bad line is
+    then found again by one process, so that the message names the line a single reader would)."""
+    chat_tokenizer(options)  # a bad folder or template: one line before any work
+    workers = options.workers or os.cpu_count() or 1
+    size = os.path.getsize(path) if os.path.isfile(path) else 0
+    parts = jsonl_parts(path, workers, WHAT) if workers > 1 and size >= PARALLEL_BYTES else [(0, None, 1)]
+    if len(parts) == 1:
+        return build_trace(path, options, [read_part(path, parts[0], options)])
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(read_part, path, part, replace(options, progress=False)) for part in parts]
+        try:
+            laid_out = [f.result() for f in futures]
+        except UserError:
+            laid_out = None
+    if laid_out is None:
+        laid_out = [read_part(path, (0, None, 1), options)]
+    return build_trace(path, options, laid_out)
+
+
+def read_part(path: Path, part: tuple[int, int | None, int], options: ImportOptions) -> LaidOut:
+    """One part of the log, laid out (:func:`prism.config.jsonl_parts`; a worker process's task)."""
     seg = ChatSegmenter(chat_tokenizer(options))
-    builder, stamps = TraceBuilder(), Timestamps(options.qps is None)
-    rng = streams(options.seed)[0]
-    batch: list[tuple] = []
+    out, stamps, batch = LaidOut(), Timestamps(options.qps is None), []
     with progress(options) as bar:
-        for where, body in read_jsonl(path, "OpenAI request log (JSONL)"):
+        for where, body in read_jsonl(path, WHAT, part):
             if not isinstance(body, dict):
                 raise UserError(f"expected a JSON object (a request body), got {type(body).__name__}", where)
             messages = check_messages(body.get("messages"), where)
             tools = check_tools(body.get("tools"), where)
             explicit, session = declared(body.get("prism"), where)
-            stamps.add(number(body.get("timestamp"), "timestamp", where), where)
-            out = options.output_len.value(output_tokens(body, where), rng, where)
-            batch.append(((messages, tools, explicit), where, out, session))
+            seconds = number(body.get("timestamp"), "timestamp", where) if options.qps is None else None
+            stamps.add(seconds, where)
+            logged = options.output_len.check(output_tokens(body, where), where)
+            batch.append(((messages, tools, explicit), logged, session, seconds, where))
             if len(batch) >= BATCH:
-                flush(seg, batch, builder)
+                flush(seg, batch, out)
                 bar.update(BATCH)
-        flush(seg, batch, builder)
-    return builder.trace(path, options, stamps.times(len(builder.requests), options, str(path)))
+        flush(seg, batch, out)
+    return out
 
 
-def flush(seg: ChatSegmenter, batch: list[tuple], builder: TraceBuilder) -> None:
-    """Lay out a batch of ``((messages, tools, declared), where, output_len, session)`` and add the requests."""
+def flush(seg: ChatSegmenter, batch: list[tuple], out: LaidOut) -> None:
+    """Lay out a batch of ``((messages, tools, declared), logged output, session, seconds, where)``."""
     if not batch:
         return
     try:
         layouts = seg.layouts([item[0] for item in batch])
     except ChatError as e:
-        raise UserError(str(e), batch[e.index][1]) from None
-    for layout, (_, _, out, session) in zip(layouts, batch):
-        builder.add(layout, out, session)
+        raise UserError(str(e), batch[e.index][4]) from None
+    for layout, (_, logged, session, seconds, where) in zip(layouts, batch):
+        out.add(layout, logged, session, seconds, where)
     batch.clear()
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from prism.config import read_json_records
 from prism.errors import UserError
 
-from prism.traces.arrivals import streams
 from prism.traces.chat import ChatSegmenter
-from prism.traces.importing import ImportOptions, Timestamps, TraceBuilder, progress
+from prism.traces.importing import ImportOptions, LaidOut, build_trace, progress
 from prism.traces.openai_log import BATCH, chat_tokenizer, flush
 from prism.traces.trace import Trace
 
@@ -65,8 +66,8 @@ def read(path: Path, options: ImportOptions) -> Trace:
     if options.qps is None:
         raise UserError("--qps: ShareGPT conversations have no timestamps: give --qps for Poisson arrivals")
     tok = chat_tokenizer(options)
-    seg, builder = ChatSegmenter(tok), TraceBuilder()
-    rng = streams(options.seed)[0]
+    seg, out = ChatSegmenter(tok), LaidOut()
+    rng = np.random.default_rng(np.random.SeedSequence(options.seed).spawn(3)[2])  # the order of turns
     pending = iter(read_json_records(path, "ShareGPT conversations (JSON)"))
     live: list[list] = []  # [session, where, messages, turns, next turn]
     skipped, started, batch = 0, 0, []
@@ -92,8 +93,7 @@ def read(path: Path, options: ImportOptions) -> Trace:
                 skipped += 1
             else:
                 logged = len(tok.encode(reply)) if reply is not None else None
-                out = options.output_len.value(logged, rng, where)
-                batch.append(((messages[:end], None, None), where, out, name))
+                batch.append(((messages[:end], None, None), logged, name, None, where))
             live[i][4] = k + 1
             if k + 1 >= len(mine):
                 conv = next_conversation()
@@ -102,8 +102,7 @@ def read(path: Path, options: ImportOptions) -> Trace:
                 else:
                     live[i] = conv
             if len(batch) >= BATCH:
-                flush(seg, batch, builder)
+                flush(seg, batch, out)
                 bar.update(BATCH)
-        flush(seg, batch, builder)
-    return builder.trace(path, options, Timestamps(False).times(len(builder.requests), options, str(path)),
-                         {"conversations": started, "turns_without_reply": skipped})
+        flush(seg, batch, out)
+    return build_trace(path, options, [out], {"conversations": started, "turns_without_reply": skipped})

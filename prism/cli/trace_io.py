@@ -30,6 +30,8 @@ def add_import_parsers(sub) -> None:
     i.add_argument("--sessions", type=int, default=16,
                    help="sharegpt: conversations whose turns interleave (default 16)")
     i.add_argument("-o", "--out", required=True, help="output JSONL trace")
+    i.add_argument("--workers", type=int, default=0,
+                   help="openai: processes that read a large log in parts (default 0: one per CPU)")
     add_no_progress_flag(i)
     e = sub.add_parser("export", help="write a trace as a request log (for round-trip checks)")
     e.add_argument("trace", help="trace spec YAML, built-in name or JSONL trace")
@@ -62,7 +64,7 @@ def _import(args: argparse.Namespace) -> None:
     from prism.traces.importing import ImportOptions, OutputLengths, import_trace
 
     options = ImportOptions(args.format, args.tokenizer, args.qps, args.seed, OutputLengths.parse(args.output_len),
-                            args.block_tokens, args.sessions, not args.no_progress)
+                            args.block_tokens, args.sessions, not args.no_progress, args.workers)
     out = check_out_file(args.out, "-o", create=False)
     trace = import_trace(args.log, options)
     trace_format.save(trace, out)
