@@ -73,17 +73,13 @@ class _CachedToJson:
 
 
 class _Fields(dict):
-    """A message for the template: a dict whose keys also read as attributes. Jinja reads ``message.content`` by
-    trying the attribute first and, on AttributeError, the item; answering the attribute directly gives the same
-    value (names with a leading underscore, and missing keys, still take Jinja's own way) and renders a
-    conversation about three times faster."""
+    """A message as the template gets it: a plain dict, marked so that the environment can read its fields fast
+    (``Sandbox.getattr`` in :func:`_environment`)."""
 
     __slots__ = ()
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in self:
-            raise AttributeError(name)
-        return self[name]
+
+_DICT_NAMES = frozenset(dir(dict))
 
 
 def _fields(value: Any) -> Any:
@@ -116,11 +112,16 @@ def _environment():
         raise jinja2.exceptions.TemplateError(message)
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-            """A message's field read as an attribute is data (Jinja's own item fallback returns it unchecked)."""
-            if type(obj) is _Fields and attr[:1] != "_" and dict.get(obj, attr, _Fields) is value:
-                return True
-            return super().is_safe_attribute(obj, attr, value)
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            """``message.content``: for a dict Jinja first looks for an attribute of that name, fails, and returns
+            the item unchecked; for a message's field that is no dict attribute, return the item at once (the same
+            value, a conversation rendered about four times faster)."""
+            if type(obj) is _Fields and attribute[:1] != "_" and attribute not in _DICT_NAMES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    pass
+            return super().getattr(obj, attribute)
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = _CachedToJson()
