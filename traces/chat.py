@@ -2,7 +2,8 @@
 
 One implementation for every reader of chat traffic: ``prism-trace import`` calls it on logged request bodies,
 and the live plugin can call it inside the SGLang server with the server's tokenizer folder
-(``ChatSegmenter(ChatTokenizer(path)).layout(messages, tools)``).
+(``ChatSegmenter(ChatTokenizer(path)).layout(messages, tools)``, the messages as the client sent them: SGLang
+joins a ``string`` template's text parts, and the parts are what marks documents).
 
 The prompt is what the server would see: the messages as SGLang's chat endpoint hands them to the template
 (:func:`server_view`), rendered by the model's chat template with the generation prompt, and encoded whole
