@@ -226,3 +226,20 @@ def test_piecewise_encoding_equals_the_whole_texts_encoding(tok, pieces, cuts):
         expected = next((enc.char_to_token(p) for p in range(c, len(text)) if enc.char_to_token(p) is not None),
                         len(enc.ids))
         assert t == expected
+
+
+def test_a_tokenizer_file_that_truncates_still_gives_the_whole_prompt(chat_tokenizer_dir, tmp_path):
+    """transformers (and so SGLang) encodes a prompt whole unless asked to cut it; a tokenizer.json that carries
+    truncation and padding settings must not shorten or pad the imported prompt."""
+    spec = json.loads((chat_tokenizer_dir / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = {"strategy": {"Fixed": 4096}, "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_bytes((chat_tokenizer_dir / "tokenizer_config.json").read_bytes())
+    cut, whole = ChatTokenizer(folder), ChatTokenizer(chat_tokenizer_dir)
+    msgs = rag(DOCS[:2], "How long did the jury deliberate?")
+    assert ChatSegmenter(cut).layout(msgs).tokens.tolist() == ChatSegmenter(whole).layout(msgs).tokens.tolist()
+    assert len(cut.encode(SYSTEM)) == len(whole.encode(SYSTEM)) > 8

@@ -64,9 +64,12 @@ def load_fast(path: str | Path):
 
     tj = tokenizer_json(path)
     try:
-        return Tokenizer.from_file(str(tj))
+        tok = Tokenizer.from_file(str(tj))
     except Exception as e:  # a malformed tokenizer.json: the library raises a bare Exception
         raise UserError(f"cannot load tokenizer: {' '.join(str(e).split())}", str(tj)) from None
+    tok.no_truncation()  # as transformers encodes unless asked to cut: a file's truncation or padding never applies
+    tok.no_padding()
+    return tok
 
 
 class HFTokenizer:
