@@ -5,8 +5,9 @@ carry their constraints in metadata. :func:`build` turns a mapping into such a d
 keys, wrong types and out-of-range values with a :class:`~prism.errors.UserError` that names the field.
 
 Input files are read here too, each kind in one place (:func:`open_input`, :func:`parse_yaml`,
-:func:`read_jsonl`), so that every way a file can be bad (missing, unreadable, not text, not YAML or JSON,
-nested without end, a number past any range) ends as one line naming the file and line, never a traceback.
+:func:`read_jsonl`, :func:`read_json_records`), so that every way a file can be bad (missing, unreadable, not
+text, not YAML or JSON, nested without end, a number past any range) ends as one line naming the file and line,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -166,13 +168,17 @@ def _int64(text: str) -> int:
 
 
 def _depth(value: Any) -> int:
-    """Levels of lists and mappings in ``value`` (walked without recursion)."""
+    """Levels of lists and mappings in a parsed JSON ``value`` (walked without recursion; only containers are
+    pushed, so a request log's long lines of strings cost little)."""
+    if type(value) is not dict and type(value) is not list:
+        return 0
     deepest, stack = 0, [(value, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (list, dict)):
-            deepest = max(deepest, d)
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+        if d > deepest:
+            deepest = d
+        stack.extend([(x, d + 1) for x in (v.values() if type(v) is dict else v)
+                      if type(x) is dict or type(x) is list])
     return deepest
 
 
@@ -204,11 +210,19 @@ def parse_json(text: str, where: str) -> Any:
                         ) from None
 
 
-def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str, Any]]:
+def read_jsonl(path: str | Path, what: str = "JSONL file",
+               part: tuple[int, int | None, int] = (0, None, 1)) -> Iterator[tuple[str, Any]]:
     """``(where, value)`` for each non-blank line of a JSON-lines file (``where`` is ``FILE:LINE``); a line
-    that is not UTF-8 or not JSON (by the rules of :func:`parse_json`) ends with one line naming it."""
+    that is not UTF-8 or not JSON (by the rules of :func:`parse_json`) ends with one line naming it.
+    ``part``: ``(start byte, end byte or None, number of the line at start)``, one of :func:`jsonl_parts`."""
+    start, end, first = part
     with open_input(path, what) as f:
-        for lineno, raw in enumerate(f, start=1):
+        f.seek(start)
+        pos = start
+        for lineno, raw in enumerate(f, start=first):
+            if end is not None and pos >= end:
+                break
+            pos += len(raw)
             where = f"{path}:{lineno}"
             try:
                 text = raw.decode("utf-8")
@@ -221,6 +235,74 @@ def read_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[str
             except ValueError as e:
                 raise UserError(_json_error(e), where) from None
             yield where, value
+
+
+def jsonl_parts(path: str | Path, count: int, what: str = "JSONL file") -> list[tuple[int, int | None, int]]:
+    """``count`` (or fewer) contiguous parts of a JSON-lines file, each starting at a line: ``(start byte, end
+    byte or None for the file's end, number of its first line)``, for readers that work on parts in parallel."""
+    with open_input(path, what) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            cuts = [0]
+            for i in range(1, count):
+                f.seek(max(cuts[-1], size * i // count))
+                f.readline()  # to the start of the next line
+                at = f.tell()
+                if cuts[-1] < at < size:
+                    cuts.append(at)
+            f.seek(0)
+            lines, pos = [1], 0
+            for cut in cuts[1:]:  # newlines before each cut, read in chunks
+                n = lines[-1]
+                while pos < cut:
+                    chunk = f.read(min(1 << 24, cut - pos))
+                    n += chunk.count(b"\n")
+                    pos += len(chunk)
+                lines.append(n)
+        except OSError as e:
+            raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
+    return [(c, cuts[i + 1] if i + 1 < len(cuts) else None, n) for i, (c, n) in enumerate(zip(cuts, lines))]
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def read_json_records(path: str | Path, what: str = "JSON file") -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` for each element of a file holding one JSON array (``where``: ``FILE:LINE`` of the line
+    the element starts on), or for each line of a JSON-lines file: the two shapes request logs come in. Values are
+    read by the rules of :func:`parse_json`."""
+    text = read_text(path, what)
+    pos = _SPACE.match(text).end()
+    if not text.startswith("[", pos):
+        yield from read_jsonl(path, what)
+        return
+    pos, line, counted = pos + 1, 1, 0
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        if text.startswith("]", pos):
+            break
+        line += text.count("\n", counted, pos)
+        counted = pos
+        where = f"{path}:{line}"
+        try:
+            value, end = _DECODER.raw_decode(text, pos)
+        except RecursionError:
+            raise UserError(f"invalid JSON ({TOO_DEEP})", where) from None
+        except ValueError as e:
+            at = f"{path}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else where
+            raise UserError(_json_error(e), at) from None
+        if text.count("[", pos, end) + text.count("{", pos, end) > MAX_NESTING and _depth(value) > MAX_NESTING:
+            raise UserError(f"invalid JSON ({TOO_DEEP})", where)
+        yield where, value
+        pos = _SPACE.match(text, end).end()
+        if text.startswith(",", pos):
+            pos += 1
+        elif not text.startswith("]", pos):
+            raise UserError("invalid JSON (expected ',' or ']' after an element of the array)",
+                            f"{path}:{line + text.count(chr(10), counted, pos)}")
+    rest = _SPACE.match(text, pos + 1).end()
+    if rest < len(text):
+        raise UserError("invalid JSON (extra data after the array)", f"{path}:{text.count(chr(10), 0, rest) + 1}")
 
 
 class _Loader(yaml.SafeLoader):

@@ -90,15 +90,16 @@ def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
-def check_out_file(path: str | Path, flag: str = "-o") -> Path:
-    """Check that ``path`` can be written as a file (not a folder; its folder usable); create its folder."""
+def check_out_file(path: str | Path, flag: str = "-o", create: bool = True) -> Path:
+    """Check that ``path`` can be written as a file (not a folder; its folder usable); create its folder (unless
+    ``create`` is false: a command that may still refuse its input then leaves nothing behind)."""
     p = Path(path)
     where = _where(flag, p)
     if str(path).endswith(("/", os.sep)) or p.is_dir():
         raise UserError("is a folder, expected a file", where)
     if os.path.lexists(p) and not p.is_file():
         raise UserError("is not a regular file", where)
-    _make_dir(p.parent, where, p)
+    (_make_dir if create else _check_dir)(p.parent, where, p)
     return p
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
@@ -28,6 +29,21 @@ def make_trace(specs, table: SegmentTable | None = None) -> Trace:
     return Trace(reqs, table, "custom", {"qps": None, "seed": 0})
 
 
+def brute_force_hits(requests) -> list[int]:
+    """Infinite-cache hits by comparing every prompt's tokens with every earlier one's (at least one token left)."""
+    out, seen = [], []
+    for r in requests:
+        t = r.tokens()
+        best = 0
+        for e in seen:
+            n = min(len(t), len(e))
+            diff = np.flatnonzero(t[:n] != e[:n])
+            best = max(best, int(diff[0]) if len(diff) else n)
+        out.append(min(best, len(t) - 1))
+        seen.append(t)
+    return out
+
+
 @pytest.fixture
 def tiny_zipf():
     from prism.traces.spec import generate
@@ -36,4 +52,16 @@ def tiny_zipf():
     return generate(ZipfHotspotSpec(num_requests=200, qps=20.0))
 
 
-__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT"]
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory) -> Path:
+    """The small BPE tokenizer with a ChatML template (prism.traces.demo_tokenizer), built once per session."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    need_data("multihop_rag")
+    need_data("tau_bench")
+    from prism.traces.demo_tokenizer import build
+
+    return build(tmp_path_factory.mktemp("tokenizer"))
+
+
+__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT", "brute_force_hits"]

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from conftest import PRIV, REUSE, SYS, make_trace, need_data
-from prism.core import SegmentTable
+from conftest import PRIV, REUSE, SYS, brute_force_hits, make_trace, need_data
+from prism.core import Request, SegmentTable
 from prism.errors import UserError
 from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
@@ -254,3 +254,20 @@ def test_a_materialized_trace_at_other_rates_is_read_once(tmp_path):
     assert len(memo) == 2
     with pytest.raises(UserError, match="cannot override 'seed'"):  # a field a file cannot take, memo or not
         load_trace(str(path), {"qps": 40.0, "seed": 3}, memo)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=1, max_size=4),
+                min_size=1, max_size=12))
+def test_the_hit_ceiling_of_real_tokens_matches_brute_force(prompts):
+    """Tiny vocabularies make segments share first tokens, be prefixes of each other and repeat under other ids."""
+    table = SegmentTable()
+    reqs = []
+    for i, segs in enumerate(prompts):
+        parts = []
+        for j, tokens in enumerate(segs):
+            sid = f"r{i}.{j}"
+            table.declare(sid, REUSE, tokens=tokens)
+            parts.append(table.segment(sid, REUSE, len(tokens)))
+        reqs.append(Request(i, float(i), tuple(parts), 1))
+    assert infinite_cache_hits(reqs) == brute_force_hits(reqs)

@@ -1,19 +1,24 @@
 """Trace statistics, including the hit rate an infinite cache would reach.
 
 The infinite-cache hit of a request is the longest common token prefix of its prompt with any earlier
-prompt. Because different segments never share a first token, two prompts agree exactly as far as their
-leading segments agree (a segment used at two lengths agrees up to the shorter), so a trie over segments
-gives the exact token count without touching tokens.
+prompt. In a generated trace different segments never share a first token, so two prompts agree exactly as far
+as their leading segments agree (a segment used at two lengths agrees up to the shorter), and a trie over
+segments gives the exact token count without touching tokens. A trace of real tokens (imported, or made with a
+tokenizer) breaks that premise — every ChatML message starts with ``<|im_start|>``, and a turn's prompt ends with
+the generation prompt its successor's history continues — so its hits come from the tokens themselves: the
+longest common prefix of a string with a set of strings is the longer of those with its two neighbours in sorted
+order, kept as big-endian bytes (whose order is the tokens' order).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
 
-from prism.core import PRIV, REUSE, Request, Segment
+from prism.core import KINDS, PRIV, REUSE, TOKEN_BYTES, Request, Segment
 
 
 class _SegNode:
@@ -57,11 +62,34 @@ def infinite_cache_hits(requests: Sequence[Request], keep_last_token: bool = Tru
     """Per request, in order: how much of its prompt earlier prompts already cover.
 
     ``unit="tokens"`` counts tokens (with ``keep_last_token``, at least one prompt token is always computed,
-    as in an engine); ``unit="segments"`` counts whole leading segments (Mooncake's block hit rate).
-    Where a prompt leaves the tree, a segment that shares leading tokens with a sibling (text-derived tokens
-    can) is credited those tokens; a match running on past such a partial segment is not counted.
+    as in an engine), from the tokens if any segment holds real ones; ``unit="segments"`` counts whole leading
+    segments (Mooncake's block hit rate).
     """
+    if unit == "tokens" and any(s.explicit is not None for r in requests for s in r.segments):
+        return _token_hits(requests, keep_last_token)
     return [t if unit == "tokens" else s for t, s in _walk(requests, keep_last_token)]
+
+
+def _token_hits(requests: Sequence[Request], keep_last_token: bool) -> list[int]:
+    """Exact token hits over the prompts' tokens (module docstring). Memory: every prompt's bytes."""
+    earlier: list[bytes] = []
+    hits = []
+    for r in requests:
+        key = r.tokens().astype(">i4").tobytes()
+        i = bisect.bisect_left(earlier, key)
+        best = max((_lcp_bytes(key, earlier[j]) for j in (i - 1, i) if 0 <= j < len(earlier)), default=0)
+        earlier.insert(i, key)
+        hit = best // TOKEN_BYTES
+        hits.append(min(hit, r.prompt_len - 1) if keep_last_token else hit)
+    return hits
+
+
+def _lcp_bytes(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    diff = np.flatnonzero(np.frombuffer(a, np.uint8, n) != np.frombuffer(b, np.uint8, n))
+    return int(diff[0])
 
 
 def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tuple[int, int]]:
@@ -127,6 +155,35 @@ def model_stats(requests: Sequence[Request], gap_s: float = 10.0) -> dict[str, A
     }
 
 
+def segment_stats(requests: Sequence[Request], top: int = 5) -> dict[str, Any]:
+    """What a trace's prompts are made of: per kind the distinct segments and their share of the prompt tokens;
+    per label (the ``LABEL:`` of an imported trace's ids: sys, tools, doc, tool, user, asst, blk) the distinct
+    segments; and reuse: how many requests share each reusable segment, and the most shared."""
+    tokens: Counter = Counter()
+    distinct: dict[str, set] = {}
+    users: Counter = Counter()  # requests per segment id
+    length: dict[str, int] = {}
+    for r in requests:
+        for sid in {s.id for s in r.segments}:
+            users[sid] += 1
+        for s in r.segments:
+            tokens[s.kind] += s.length
+            distinct.setdefault(s.kind, set()).add(s.id)
+            length[s.id] = max(length.get(s.id, 0), s.length)
+    total = sum(tokens.values()) or 1
+    by_kind = {k: {"segments": len(distinct[k]), "token_share": tokens[k] / total} for k in KINDS if k in distinct}
+    labels = Counter(sid.split(":", 1)[0] for ids in distinct.values() for sid in ids if ":" in sid)
+    reusable = [sid for sid in distinct.get(REUSE, ())]
+    shared = [sid for sid in reusable if users[sid] > 1]
+    ranked = sorted(shared, key=lambda sid: (-users[sid], sid))[:top]
+    return {"segments_by_kind": by_kind,
+            **({"segments_by_label": dict(sorted(labels.items()))} if labels else {}),
+            "reusable_shared": {"segments": len(shared), "of": len(reusable),
+                                "requests_with_one": sum(any(users[s.id] > 1 for s in r.segments if s.kind == REUSE)
+                                                         for r in requests)},
+            "most_shared": [[sid, users[sid], length[sid]] for sid in ranked]}
+
+
 def trace_stats(trace) -> dict[str, Any]:
     reqs = trace.requests
     lens = np.array([r.prompt_len for r in reqs])
@@ -157,6 +214,7 @@ def trace_stats(trace) -> dict[str, Any]:
                                   "used_once": int((reuse_counts == 1).sum())},
         "mean_qps": (len(reqs) - 1) / span if span > 0 else 0.0,
         "infinite_cache_hit_rate": trace.infinite_cache_hit_rate(),
+        **segment_stats(reqs),
     }
     if trace.kind == "mooncake":
         total = sum(len(r.segments) for r in reqs)

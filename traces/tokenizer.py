@@ -45,26 +45,45 @@ class LocalTokenizer:
         return out
 
 
+def tokenizer_json(path: str | Path) -> Path:
+    """The ``tokenizer.json`` of a Hugging Face tokenizer folder (or the file itself); one line naming the path if
+    there is none."""
+    p = Path(path)
+    kind = path_kind(p)
+    if kind is None:
+        raise UserError("tokenizer folder not found", str(p))
+    tj = p / "tokenizer.json" if kind == "dir" else p
+    if path_kind(tj) != "file":
+        raise UserError("no tokenizer.json in the tokenizer folder (a Hugging Face fast tokenizer is needed)", str(p))
+    return tj
+
+
+def load_fast(path: str | Path):
+    """A ``tokenizers.Tokenizer`` from a local folder or ``tokenizer.json`` (ImportError if the package is missing)."""
+    from tokenizers import Tokenizer  # type: ignore
+
+    tj = tokenizer_json(path)
+    try:
+        tok = Tokenizer.from_file(str(tj))
+    except Exception as e:  # a malformed tokenizer.json: the library raises a bare Exception
+        raise UserError(f"cannot load tokenizer: {' '.join(str(e).split())}", str(tj)) from None
+    tok.no_truncation()  # as transformers encodes unless asked to cut: a file's truncation or padding never applies
+    tok.no_padding()
+    return tok
+
+
 class HFTokenizer:
     """A local Hugging Face tokenizer directory (no hub access)."""
 
     def __init__(self, path: str | Path) -> None:
         p = Path(path)
-        kind = path_kind(p)
-        if kind is None:
-            raise UserError("tokenizer path not found", str(p))
-        tj = p / "tokenizer.json" if kind == "dir" else p
         try:
-            from tokenizers import Tokenizer  # type: ignore
-
-            self._tok = Tokenizer.from_file(str(tj))
+            self._tok = load_fast(p)
             self._encode = lambda text: self._tok.encode(text, add_special_tokens=False).ids
             self.vocab_size = self._tok.get_vocab_size()
             return
         except ImportError:
             pass
-        except Exception as e:  # a malformed tokenizer.json
-            raise UserError(f"cannot load tokenizer: {e}", str(tj)) from None
         try:
             from transformers import AutoTokenizer  # type: ignore
         except ImportError:

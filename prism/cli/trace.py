@@ -1,4 +1,4 @@
-"""``prism-trace``: generate, inspect and sample traces."""
+"""``prism-trace``: generate, import, export, inspect and sample traces."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from prism.calibration.profiles import check_served
 from prism.cli.common import add_set_flag, entry_point
+from prism.cli.trace_io import add_import_parsers, run_import_command
 from prism.config import apply_overrides
 from prism.errors import UserError
 from prism.output import check_out_file
@@ -32,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("trace", help="trace spec YAML or JSONL file")
     m.add_argument("-n", type=int, default=5, help="requests to print (default 5)")
     add_set_flag(m, "a spec field", "qps=40, num_requests=200")
+    add_import_parsers(sub)
     return p
 
 
@@ -43,11 +45,24 @@ def _overrides(items: list[str]) -> dict:
     return data
 
 
+def _inline(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_inline(v)}" for k, v in value.items())
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _print_stats(st: dict) -> None:
     for key, value in st.items():
-        if isinstance(value, dict):
-            inner = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
-            print(f"{key:28s} {inner}")
+        if isinstance(value, dict) and any(isinstance(v, dict) for v in value.values()):
+            print(key)
+            for k, v in value.items():
+                print(f"  {k:26s} {_inline(v)}")
+        elif isinstance(value, dict):
+            print(f"{key:28s} {_inline(value)}")
+        elif isinstance(value, list):
+            print(f"{key} (id, requests, tokens)" if key == "most_shared" else key)
+            for item in value:
+                print("  " + "  ".join(map(str, item)))
         elif isinstance(value, float):
             print(f"{key:28s} {value:.4f}")
         else:
@@ -75,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(st, indent=2))
         else:
             _print_stats(st)
+    elif args.cmd in ("import", "export", "make-tokenizer"):
+        run_import_command(args)
     elif args.cmd == "sample":
         if args.n < 1:
             raise UserError(f"-n must be >= 1, got {args.n}")
