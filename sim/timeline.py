@@ -20,20 +20,24 @@ from typing import Any
 
 from prism.counters import EVICTED_TOKENS, TIERS
 from prism.settings import RunSpec
-from prism.timeline import ENGINE_TID, EVICTED, KV, MAX_REQUEST_TRACKS, QUEUE, RequestTrack, TimelineWriter, stride_for
+from prism.timeline import (CHUNK, ENGINE_TID, EVICTED, KV, MAX_REQUEST_TRACKS, QUEUE, READMITTED, RETRACTED,
+                             TimelineWriter, draw_request, stride_for)
 
 from prism.sim.events import EngineEvents
 
 
 class _EngineTrack:
-    __slots__ = ("pid", "start", "args", "retracted", "evicted")
+    __slots__ = ("pid", "start", "args", "retracted", "evicted", "prefilling", "kv", "queue", "evictions")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.start = 0.0
-        self.args: dict[str, Any] = {}
+        self.args = ""  # the iteration under way: its args' JSON
         self.retracted = 0  # requests retracted before the coming decode step
         self.evicted: tuple[int, ...] = (0,) * len(TIERS)
+        self.prefilling = False  # between prefill_started and prefill_ended
+        self.kv = self.queue = ""  # the counters' args at the iteration's start
+        self.evictions = ""  # the evicted-token counters, when they changed since the last sample
 
 
 class SimTimeline(EngineEvents):
@@ -46,7 +50,8 @@ class SimTimeline(EngineEvents):
         n = len(spec.trace.requests)
         self.stride = stride_for(n, max_request_tracks)
         self.drawn = {r.id for r in spec.trace.requests[::self.stride]}
-        self.tracks: dict[int, RequestTrack] = {}
+        self.steps: dict[int, list[tuple]] = {}  # request id -> its history's steps (prism.timeline), if any
+        self.pending: list = []  # finished inside the prefill under way
         self.instances = spec.cluster.instances
         # the wait before the engine has a request: the QAS front end's window (and any client-side wait)
         self.before = "front end" if spec.deployment.front_end else "client"
@@ -59,61 +64,70 @@ class SimTimeline(EngineEvents):
         self.w.process(pid, f"{name} ({self.spec.label}, sim)", pid)
         self.w.thread(pid, ENGINE_TID, "iterations", 0)
 
-    def _counters(self, eng, tr: _EngineTrack, now: float) -> None:
-        w, pid = self.w, tr.pid
+    def _began(self, eng, tr: _EngineTrack, now: float, args: str) -> None:
+        """An iteration starts: its args, and the counters' values now (written with the iteration)."""
+        tr.start, tr.args = now, args
         cached = eng.cache.evictable_size
         if eng.capacity is not None:
             free = eng.free()
-            w.counter(pid, KV, now, {"in use": eng.capacity - free - cached, "cached": cached, "free": free})
+            tr.kv = f'{{"in use":{eng.capacity - free - cached},"cached":{cached},"free":{free}}}'
         else:
-            w.counter(pid, KV, now, {"in use": eng.cache.size - cached + eng.decode_alloc + eng.tails + eng.inflight,
-                                     "cached": cached})
-        w.counter(pid, QUEUE, now, {"waiting": len(eng.waiting), "running": len(eng.active)})
+            used = eng.cache.size - cached + eng.decode_alloc + eng.tails + eng.inflight
+            tr.kv = f'{{"in use":{used},"cached":{cached}}}'
+        tr.queue = f'{{"waiting":{len(eng.waiting)},"running":{len(eng.active)}}}'
         c = eng.counters
         evicted = tuple(c[EVICTED_TOKENS[t]] for t in TIERS)
         if evicted != tr.evicted:
             tr.evicted = evicted
-            w.counter(pid, EVICTED, now, dict(zip(TIERS, evicted)))
+            tr.evictions = "{" + ",".join(f'"{t}":{n}' for t, n in zip(TIERS, evicted)) + "}"
+
+    def _ended(self, tr: _EngineTrack, name: str, now: float) -> None:
+        """The iteration's span and the counters at its start, in one string (one timestamp formatted)."""
+        ts = round(tr.start * 1e9)
+        at = f'"ts":{ts / 1000:.3f},"pid":{tr.pid},"tid":{ENGINE_TID}'
+        dur = (round(now * 1e9) - ts) / 1000
+        text = (f'{{"name":"{name}","ph":"X",{at},"dur":{dur:.3f},"args":{tr.args}}},\n'
+                f'{{"name":"{KV}","ph":"C",{at},"args":{tr.kv}}},\n'
+                f'{{"name":"{QUEUE}","ph":"C",{at},"args":{tr.queue}}}')
+        if tr.evictions:
+            text += f',\n{{"name":"{EVICTED}","ph":"C",{at},"args":{tr.evictions}}}'
+            tr.evictions = ""
+        self.w.emit_many([text], text.count(",\n{") + 1)
 
     # ---------------------------------------------------------------- prefill
     def admitted(self, eng, seq, hit: int) -> None:
-        track = self.tracks.get(seq.id)
-        if track is None:
-            if seq.id not in self.drawn:
-                return
-            track = self.tracks[seq.id] = RequestTrack(self.w, self.engines[id(eng)].pid, seq.id)
-            track.waited(seq.req.arrival, seq.sent, eng.env.now, self.before)
-        else:
-            track.requeued(eng.env.now)
+        steps = self.steps.get(seq.id)
+        if steps is not None and seq.retracted_output:
+            steps.append((READMITTED, eng.env.now))
 
     def prefill_started(self, eng, batch: list) -> None:
         now = eng.env.now
         tr = self.engines[id(eng)]
-        tr.start = now
-        tr.args = {"requests": len(batch), "new": sum(b[1] for b in batch), "cached": sum(b[2] for b in batch)}
-        self._counters(eng, tr, now)
-        tracks = self.tracks
-        for seq, new, cached in batch:
-            track = tracks.get(seq.id)
-            if track is not None:
-                track.chunk_args = (new, cached)
+        tr.prefilling = True
+        self._began(eng, tr, now, f'{{"requests":{len(batch)},"new":{sum(b[1] for b in batch)},'
+                                  f'"cached":{sum(b[2] for b in batch)}}}')
 
     def prefill_ended(self, eng, batch: list) -> None:
         now = eng.env.now
         tr = self.engines[id(eng)]
-        self.w.span(tr.pid, ENGINE_TID, "prefill", tr.start, now, tr.args)
-        tracks = self.tracks
-        for seq, _, _ in batch:
-            track = tracks.get(seq.id)
-            if track is not None and track.chunk_args is not None:
-                self._chunk_done(track, seq, tr.start, now)
+        self._ended(tr, "prefill", now)
+        tr.prefilling = False
+        for seq, take, cached in batch:
+            # what departs from one chunk at the first admission: a chunk of a longer prefill, a prefill again
+            if seq.kv_len < seq.fill_len or cached != seq.hit or seq.retracted_output:
+                steps = self._steps(seq)
+                if steps is not None:
+                    steps.append((CHUNK, tr.start, now, take, cached, seq.kv_len >= seq.fill_len))
+        if self.pending:  # requests whose prefill made their last token: drawn once their chunk is known
+            for seq in self.pending:
+                self._draw(eng, seq)
+            self.pending.clear()
 
-    def _chunk_done(self, track: RequestTrack, seq, start: float, now: float) -> None:
-        new, cached = track.chunk_args
-        track.chunk_args = None
-        track.chunk(start, now, new, cached)
-        if seq.kv_len >= seq.fill_len:  # its last chunk
-            track.prefilled(now, seq.first_token)
+    def _steps(self, seq) -> list | None:
+        steps = self.steps.get(seq.id)
+        if steps is None and (self.stride == 1 or seq.id in self.drawn):
+            steps = self.steps[seq.id] = []
+        return steps
 
     # ---------------------------------------------------------------- decode
     def decode_checking(self, eng) -> None:
@@ -121,34 +135,41 @@ class SimTimeline(EngineEvents):
 
     def retracted(self, eng, seq) -> None:
         self.engines[id(eng)].retracted += 1
-        track = self.tracks.get(seq.id)
-        if track is not None:
-            track.left(eng.env.now, True, seq.retracted_output)
+        steps = self._steps(seq)
+        if steps is not None:
+            steps.append((RETRACTED, eng.env.now, seq.retracted_output))
 
     def decode_started(self, eng, n: int) -> None:
         now = eng.env.now
         tr = self.engines[id(eng)]
-        tr.start = now
-        tr.args = {"requests": n, "context": eng.sum_ctx}
-        if tr.retracted:
-            tr.args["retracted"] = tr.retracted
-        self._counters(eng, tr, now)
+        self._began(eng, tr, now, f'{{"requests":{n},"context":{eng.sum_ctx},"retracted":{tr.retracted}}}'
+                    if tr.retracted else f'{{"requests":{n},"context":{eng.sum_ctx}}}')
 
     def decode_ended(self, eng, n: int) -> None:
-        tr = self.engines[id(eng)]
-        self.w.span(tr.pid, ENGINE_TID, "decode", tr.start, eng.env.now, tr.args)
+        self._ended(self.engines[id(eng)], "decode", eng.env.now)
 
     # ---------------------------------------------------------------- the rest
     def finished(self, eng, seq) -> None:
-        track = self.tracks.pop(seq.id, None)
-        if track is None:
+        if self.engines[id(eng)].prefilling:
+            self.pending.append(seq)  # finished by its prefill: its last chunk comes with prefill_ended
+        else:
+            self._draw(eng, seq)
+
+    def _draw(self, eng, seq) -> None:
+        if self.stride > 1 and seq.id not in self.drawn:
             return
-        if track.chunk_args is not None:  # its prefill made its last token: finished before prefill_ended
-            self._chunk_done(track, seq, self.engines[id(eng)].start, eng.env.now)
-        track.left(seq.finish, False, seq.output_len)
+        draw_request(self.w, self.engines[id(eng)].pid, seq.id, self.before, seq.req.arrival, seq.sent,
+                     seq.prefill_start, seq.prefill_end, seq.first_token, seq.finish, seq.prompt_len - seq.hit,
+                     seq.hit, seq.output_len, self.steps.pop(seq.id, ()))
 
     def idle(self, eng) -> None:
-        self._counters(eng, self.engines[id(eng)], eng.env.now)
+        """The counters once the engine has nothing to run (an iteration-less sample)."""
+        tr = self.engines[id(eng)]
+        now = eng.env.now
+        self._began(eng, tr, now, "")
+        samples = [(KV, tr.kv), (QUEUE, tr.queue)] + ([(EVICTED, tr.evictions)] if tr.evictions else [])
+        tr.evictions = ""
+        self.w.counters(tr.pid, now, samples)
 
     # ---------------------------------------------------------------- the file
     def close(self, summary: dict[str, Any]) -> Path:

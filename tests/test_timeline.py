@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import csv
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism.cli.sim import main as sim_main
 from prism.settings import merge_flags, settings_from
 from prism.sim.run import simulate
 from prism.sim.timeline import SimTimeline
+from prism.timeline import TimelineWriter, _draw_simple, _draw_track
 
 from trace_events import check_ttft_parts, counters, load, request_tracks, tracks
 
@@ -59,6 +63,7 @@ def test_spans_tile_ttft_and_counters_stay_within_capacity(tmp_path, method, set
     obj, rows, s = _run(tmp_path, method, "--method", method, "--qps", "60",
                         *[a for kv in sets for a in ("--set", kv)])
     meta = obj["otherData"]
+    assert meta["trace_events"] == len(obj["traceEvents"])
     assert meta["requests"] == meta["request_tracks"] == 300 and not meta["requests_sampled"] and meta["complete"]
     assert check_ttft_parts(obj, rows) == 300
     _check_counters(obj, s, [s["kv_capacity_tokens"]])
@@ -150,3 +155,24 @@ def test_a_timeline_path_of_ones_own(tmp_path, capsys):
     assert "all 300 requests drawn" in capsys.readouterr().out
     assert load(path)["otherData"]["method"] == "fcfs"
     assert not (tmp_path / "r" / "timeline.json").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=5, max_size=5), st.integers(0, 10**6), st.booleans())
+def test_the_fast_drawing_of_a_plain_request_writes_what_the_step_by_step_one_does(gaps, t0, front):
+    """The common case (one prefill chunk, no retraction) is written in one string: byte for byte the track
+    that RequestTrack draws step by step, zero-length phases (equal times) left out alike."""
+    times = [t0 * 1e-6]
+    for g in gaps:
+        times.append(times[-1] + g * 1e-3)
+    before = "front end" if front else "client"
+    texts = []
+    for draw in (_draw_simple, None):
+        w = TimelineWriter(Path(tempfile.mkdtemp()) / "t.json")
+        if draw is None:
+            _draw_track(w, 1, 7, before, *times, 100, 28, 32, [])
+        else:
+            draw(w, 1, 7, before, *times, 100, 28)
+        texts.append(w._buf)
+        w.abort()
+    assert ",\n".join(texts[0]) == ",\n".join(texts[1])
