@@ -113,6 +113,21 @@ def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bo
     write_csv(path, columns, (_row(r, columns) for r in sorted(records, key=lambda r: r.id)))
 
 
+def read_requests_csv(path: Path) -> list[RequestRecord]:
+    """A ``requests.csv`` back as records (the columns :func:`write_requests_csv` writes; ``instance`` where
+    a cluster's file has it)."""
+    out = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            inst = row.get("instance")
+            out.append(RequestRecord(int(row["id"]), float(row["arrival"]), float(row["sent"]),
+                                     float(row["prefill_start"]), float(row["prefill_end"]), float(row["first_token"]),
+                                     float(row["finish"]), int(row["prompt_tokens"]), int(row["hit_tokens"]),
+                                     int(row["output_tokens"]), row["lane"], row["realigned"] == "1",
+                                     int(inst) if inst not in (None, "") else None))
+    return out
+
+
 class RecordStream:
     """Appends each finished request to a CSV as it completes, so that an interrupted run keeps what it
     simulated; :func:`write_requests_csv` later rewrites the file in request order. ``flush_every``: rows

@@ -294,6 +294,14 @@ def timeline_path(value: str | None, run_folder: Path, flag: str = "--timeline")
     return check_out_file(value, flag, create=False)
 
 
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """A timeline's ``otherData`` (it ends the file: read from its tail, not the whole file)."""
+    with Path(path).open("rb") as f:
+        f.seek(max(0, os.path.getsize(path) - 65536))
+        tail = f.read().decode()
+    return json.loads(tail[tail.rindex('"otherData":') + len('"otherData":'):].rstrip().removesuffix("}"))
+
+
 def timeline_note(path: Path, meta: Mapping[str, Any]) -> str:
     """The line a command prints after writing a timeline: its size, and whether requests were sampled."""
     tracks = (f"every {meta['request_stride']}-th request drawn ({meta['request_tracks']} of {meta['requests']}: "
@@ -305,5 +313,5 @@ def timeline_note(path: Path, meta: Mapping[str, Any]) -> str:
 
 
 __all__ = ["TimelineWriter", "RequestTrack", "draw_request", "CHUNK", "RETRACTED", "READMITTED",
-           "MAX_REQUEST_TRACKS", "TIMELINE_FILE", "stride_for", "timeline_path", "timeline_note", "KV", "QUEUE",
+           "MAX_REQUEST_TRACKS", "TIMELINE_FILE", "stride_for", "timeline_path", "timeline_note", "read_meta", "KV", "QUEUE",
            "EVICTED", "ENGINE_TID"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from prism.cli.common import entry_point, table
-from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
 from prism.output import InterruptsHeld
 from prism.policies.registry import ROUTERS
@@ -52,13 +52,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--router", help=f"routing policy of a cluster: {', '.join(ROUTERS)} (default cache_aware)")
     add_timeline_flag(p)
     return p
-
-
-def add_timeline_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeline", nargs="?", const="", metavar="PATH",
-                   help="also write the run's timeline as Chrome Trace Event JSON for ui.perfetto.dev or "
-                        "chrome://tracing (iterations, requests, KV and queue counters): PATH, or without one "
-                        "timeline.json in the run folder")
 
 
 def _summary_rows(s: dict) -> list[list]:
