@@ -74,6 +74,20 @@ def _mark_readmissions(steps: list[tuple]) -> None:
         i += 1
 
 
+def _snapped(steps: list[tuple], r) -> list[tuple]:
+    """The first prefill's chunks with its start and end as ``requests.csv`` has them (the same log values,
+    rounded to the nanosecond there), so that its spans meet the record's times exactly."""
+    out = list(steps)
+    if out and out[0][0] == CHUNK and abs(out[0][1] - r.prefill_start) < 2e-9:
+        out[0] = (CHUNK, r.prefill_start, *out[0][2:])
+        for i, step in enumerate(out):
+            if step[0] == CHUNK and step[5]:  # the chunk that completed the first prefill
+                if abs(step[2] - r.prefill_end) < 2e-9:
+                    out[i] = (CHUNK, step[1], r.prefill_end, *step[3:])
+                break
+    return out
+
+
 def write_live_timeline(folder: str | Path, path: str | Path, max_request_tracks: int = MAX_REQUEST_TRACKS
                         ) -> dict[str, Any]:
     """Convert the live run in ``folder`` into a timeline at ``path`` (written atomically); its metadata."""
@@ -98,7 +112,7 @@ def write_live_timeline(folder: str | Path, path: str | Path, max_request_tracks
             log = logs[r.instance or 0]
             new, cached = log.first_chunk.get(r.id, (r.prompt_tokens - r.hit_tokens, r.hit_tokens))
             draw_request(w, (r.instance or 0) + 1, r.id, "client", r.arrival, r.sent, r.prefill_start, r.prefill_end,
-                         r.first_token, r.finish, new, cached, r.output_tokens, log.steps.get(r.id, ()))
+                         r.first_token, r.finish, new, cached, r.output_tokens, _snapped(log.steps.get(r.id, []), r))
     except BaseException:
         w.abort()
         raise
