@@ -9,10 +9,11 @@ tracks and open side by side. Layout, per engine instance (one *process* of the 
 * counter tracks (``ph: C``): ``KV tokens`` (in use, cached, free), ``requests`` (waiting, running) and
   ``evicted tokens`` by eviction tier (cumulative);
 * one track per request (thread ``1 + id``): ``client`` (arrival until the engine got it: the client's
-  concurrency wait or a front end's window), ``queued`` (in the engine's waiting queue), one ``prefill`` span
-  per chunk (and ``between chunks`` where a real engine spends time between them), ``first token`` (prefill
-  end until the client has the token), ``decode``, and after a retraction an instant ``retracted``, ``queued
-  again``, ``prefill again``, ``decode``.
+  concurrency wait; ``front end`` where QAS holds arrivals in a window), ``queued`` (in the engine's waiting
+  queue), one ``prefill`` span per chunk (and ``between chunks`` where a real engine spends time between
+  them), ``first token`` (prefill end until the client has the token), ``decode`` (from then until it
+  finishes or is retracted), and after a retraction an instant ``retracted``, ``queued again``, ``prefill
+  again``, ``decode``.
 
 A request's spans never overlap (every track is a plain sequence, no nesting): the spans up to its first
 token tile its TTFT parts exactly (W_admit, T_prefill, T_1tok of ``requests.csv``, to the nanosecond); a later
@@ -22,7 +23,7 @@ at that end, its true start in ``args.from_s``.
 The file is streamed (bounded memory) into a temporary file beside its path and renamed on :meth:`close`:
 a reader never sees half a timeline. Size: request tracks are at most :data:`MAX_REQUEST_TRACKS`; a larger
 run keeps every ``stride``-th request (by position in the trace) and says so in ``otherData`` (the Trace
-Event format's metadata) and in :meth:`TimelineWriter.note`. Times are seconds on the run's clock, written
+Event format's metadata) and in :func:`timeline_note`, the line a command prints. Times are seconds on the run's clock, written
 as microseconds with three decimals (``ts``, ``dur``: the format's unit), so a duration is exact to 1 ns.
 
 The format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (Trace Event
@@ -73,7 +74,6 @@ class TimelineWriter:
         self._buf: list[str] = []
         self._first = True
         self.events = 0
-        self.notes: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}  # otherData, once closed
 
     # ---------------------------------------------------------------- events
@@ -139,10 +139,10 @@ class TimelineWriter:
 
     # ---------------------------------------------------------------- the file
     def close(self, other_data: Mapping[str, Any]) -> Path:
-        """End the file with ``displayTimeUnit`` and ``otherData`` (``other_data`` and :attr:`notes`: flat
-        scalars, as trace viewers show them) and rename it onto its path."""
+        """End the file with ``displayTimeUnit`` and ``otherData`` (``other_data``: flat scalars, as trace
+        viewers show them, and the number of events) and rename it onto its path."""
         self._flush()
-        meta = {**other_data, **self.notes, "trace_events": self.events}
+        meta = {**other_data, "trace_events": self.events}
         self._f.write('\n],"displayTimeUnit":"ms","otherData":' + json.dumps(meta, separators=(",", ":")) + "}\n")
         self._f.close()
         self._atomic.__exit__(None, None, None)

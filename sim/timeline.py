@@ -11,6 +11,10 @@ is one process of the trace, numbered in the order the run builds its instances 
 requests are drawn under the instance that served them. KV counters come from the engine's own accounting:
 ``free`` is :meth:`~prism.sim.engine.Engine.free`, ``cached`` the tree's evictable (unlocked) tokens, and
 ``in use`` the rest of the capacity (locked prefixes, partial pages, prefill chunks under way, decode KV).
+
+Cost: a request prefilled in one chunk and never retracted (most of them) keeps no state here; it is drawn
+from its own times when it finishes (:func:`~prism.timeline.draw_request`'s one-string case). Only a chunked,
+retracted or re-prefilled request keeps a history of its steps until it finishes.
 """
 
 from __future__ import annotations
