@@ -60,7 +60,7 @@ class RequestRecord:
 
 
 #: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
-RUN_FILES = ("summary.json", "requests.csv")
+RUN_FILES = ("summary.json", "requests.csv", "timeline.json")
 #: what a live run adds for each server, in its folder (a cluster: in instance-<i>/ folders): its log, the plugin's
 #: settings, counters and event logs
 SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
@@ -120,6 +120,21 @@ def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bo
     ``cluster``: with the instance column (a run on more than one instance)."""
     columns = csv_columns(cluster, fleet)
     write_csv(path, columns, (_row(r, columns) for r in sorted(records, key=lambda r: r.id)))
+
+
+def read_requests_csv(path: Path) -> list[RequestRecord]:
+    """A ``requests.csv`` back as records (the columns :func:`write_requests_csv` writes; ``instance`` where
+    a cluster's file has it)."""
+    out = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            inst = row.get("instance")
+            out.append(RequestRecord(int(row["id"]), float(row["arrival"]), float(row["sent"]),
+                                     float(row["prefill_start"]), float(row["prefill_end"]), float(row["first_token"]),
+                                     float(row["finish"]), int(row["prompt_tokens"]), int(row["hit_tokens"]),
+                                     int(row["output_tokens"]), row["lane"], row["realigned"] == "1",
+                                     int(inst) if inst not in (None, "") else None))
+    return out
 
 
 class RecordStream:

@@ -10,10 +10,11 @@ from pathlib import Path
 from prism.calibration import profiles
 from prism.calibration.measure import check_url
 from prism.cli.common import entry_point, table
-from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.errors import UserError
 from prism.output import check_out_dir
 from prism.policies.registry import ROUTERS
+from prism.timeline import read_meta, timeline_note, timeline_path
 
 EPILOG = """\
 subcommand:
@@ -91,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
     add_live_flags(p)
     p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")
     p.add_argument("--router", help=f"routing policy of several servers: {', '.join(ROUTERS)} (default cache_aware)")
+    add_timeline_flag(p)
     return p
 
 
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check_method(spec, opts)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
+    timeline = timeline_path(args.timeline, out)
     from tqdm import tqdm
 
     from prism.live.run import ReplayError, live_run
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=len(spec.trace.requests), unit="req", desc=f"{spec.label} live", leave=False,
                disable=args.no_progress or not sys.stderr.isatty())
     try:
-        s = live_run(spec, opts, out, progress=bar.update)
+        s = live_run(spec, opts, out, progress=bar.update, timeline=timeline)
     except ReplayError as e:
         bar.close()
         print(f"prism-live: run broke off: {e}; partial results in {out}", file=sys.stderr)
@@ -151,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       f"{c.get('paced_batches', 0)} paced batches over budget"
                                                       if s["paced"] else ""))
     print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
+    if timeline is not None:
+        print(timeline_note(timeline, read_meta(timeline)))
     return 0
 
 

@@ -33,6 +33,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default runs/<trace>/<method>-qps<QPS>-seed<SEED>)")
 
 
+def add_timeline_flag(p: argparse.ArgumentParser, where: str = "timeline.json in the run folder") -> None:
+    p.add_argument("--timeline", nargs="?", const="", metavar="PATH",
+                   help="also write the run's timeline as Chrome Trace Event JSON for ui.perfetto.dev or "
+                        "chrome://tracing (iterations, requests, KV and queue counters): PATH, or without one "
+                        f"{where}")
+
+
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run the flags describe: --config, then --set, then the other flags."""
     data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,

@@ -6,11 +6,13 @@ import argparse
 import sys
 
 from prism.cli.common import entry_point, table
-from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
 from prism.output import InterruptsHeld
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
+from prism.sim.timeline import SimTimeline
+from prism.timeline import timeline_note, timeline_path
 
 EPILOG = """\
 subcommand:
@@ -48,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     add_run_flags(p)
     p.add_argument("--instances", type=int, help="engine instances behind a router (default 1: one engine)")
     p.add_argument("--router", help=f"routing policy of a cluster: {', '.join(ROUTERS)} (default cache_aware)")
+    add_timeline_flag(p)
     return p
 
 
@@ -80,20 +83,28 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_main(args_list[1:])
     args = parser().parse_args(args_list)
     spec = spec_from_args(args)
+    timeline = timeline_path(args.timeline, out_dir(args, spec))  # a bad PATH: before anything is written
     out = prepare_run_folder(out_dir(args, spec))
+    events = SimTimeline(timeline, spec) if timeline is not None else None
     cluster = spec.cluster.instances > 1
     stream = RecordStream(out / "requests.csv", cluster=cluster)  # an interrupted run keeps the requests it finished
     interrupted: SimInterrupted | None = None
     try:
         result = simulate(spec, progress=not args.no_progress and sys.stderr.isatty(), on_record=stream,
-                          served_reference=True)
+                          served_reference=True, events=events)
     except SimInterrupted as e:
         result, interrupted = e.result, e
+    except BaseException:
+        if events is not None:
+            events.abort()
+        raise
     finally:
         stream.close()
     with InterruptsHeld() as held:  # a result reaches the folder whole, Ctrl-C or not
         write_requests_csv(result.records, out / "requests.csv", cluster=cluster)
         write_json(result.summary, out / "summary.json")
+        if events is not None:
+            events.close(result.summary)
     if interrupted is not None or held.caught:
         complete = result.summary["complete"]
         print(f"prism-sim: {'interrupted after the run finished' if complete else interrupted}; results in "
@@ -120,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the KV cache ({s['kv_capacity_tokens']} tokens) holds fewer than 4 mean prompts "
               f"({mean_len:.0f} tokens); consider --set engine.max_total_tokens=null (the GPU's capacity)")
     print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
+    if events is not None:
+        print(timeline_note(timeline, events.w.meta))
     return 0
 
 
