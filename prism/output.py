@@ -21,13 +21,12 @@ import contextlib
 import csv
 import errno
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from prism.errors import UserError
+from prism.interrupts import InterruptsHeld  # here too: where results are written, interruptions are held
 
 
 def _where(flag: str, path: Path) -> str:
@@ -109,9 +108,14 @@ def prepare_run_dir(path: str | Path, files: Iterable[str], flag: str = "--out")
     for name in files:
         f = check_out_file(p / name, flag)
         f.unlink(missing_ok=True)
-        for tmp in p.glob(f".{f.stem}.*.tmp{f.suffix}"):  # what a killed writer of it left
-            tmp.unlink(missing_ok=True)
+        clear_leftovers(f)
     return p
+
+
+def clear_leftovers(path: Path) -> None:
+    """Remove the hidden temporary files (:func:`atomic_path`'s) that a killed writer of ``path`` left beside it."""
+    for tmp in path.parent.glob(f".{path.stem}.*.tmp{path.suffix}"):
+        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -157,32 +161,5 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     return Path(path)
 
 
-class InterruptsHeld:
-    """Hold Ctrl-C (SIGINT) back while the block runs: for the short work between a finished computation and
-    its files (a run's summary, then ``requests.csv`` and ``summary.json``), so that an interruption there
-    cannot leave a complete ``requests.csv`` without its summary, a folder that reads as a killed run.
-
-    ``caught`` says whether a Ctrl-C came meanwhile, for the caller to act on once its files are written
-    (prism-sim then exits 130; a live run's files come after its replay ended either way). Outside the main
-    thread (where Python delivers no SIGINT) it holds nothing."""
-
-    def __init__(self) -> None:
-        self.caught = False
-        self._held, self._previous = False, None
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.caught = True
-
-    def __enter__(self) -> "InterruptsHeld":
-        if threading.current_thread() is threading.main_thread():
-            self._previous, self._held = signal.signal(signal.SIGINT, self._note), True
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        if self._held:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._held = False
-
-
-__all__ = ["InterruptsHeld", "check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path",
-           "write_atomic_text", "write_csv", "save_figure"]
+__all__ = ["InterruptsHeld", "check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "clear_leftovers",
+           "atomic_path", "write_atomic_text", "write_csv", "save_figure"]

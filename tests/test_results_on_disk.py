@@ -7,6 +7,7 @@ import csv
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from prism.cli.sim import main as sim_main
 from prism.errors import UserError
 from prism.metrics import csv_float
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text
+from processes import alive, descendants
 
 SMALL = ["--set", "trace.num_requests=30"]
 
@@ -60,23 +62,35 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _stopped_run(tmp_path, argv, sig, **env):
-    """Start the driver, wait until it stops where asked, send ``sig``; return (exit code, stderr)."""
+def _stopped_run(tmp_path, argv, sig, group=False, **env):
+    """Start the driver, wait until it stops where asked, send ``sig`` (to its whole process group: ``group``);
+    return (exit code, stderr)."""
+    code, err, _ = _signalled(tmp_path, argv, sig, group, **env)
+    return code, err
+
+
+def _signalled(tmp_path, argv, sig, group=False, **env):
+    """As :func:`_stopped_run`, also returning the pids of the driver's descendants when the signal went."""
     mark, go = tmp_path / "mark", tmp_path / "mark.go"
     mark.unlink(missing_ok=True)
     go.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}})
+                            env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}},
+                            start_new_session=group)
     deadline = time.monotonic() + 120
     while not mark.exists():
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(sig)
+    children = descendants(proc.pid)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     time.sleep(0.2)  # delivered before the wait may end
     go.touch()
     _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+    return proc.returncode, err, children
 
 
 def _sim(out, *extra):
@@ -148,6 +162,32 @@ def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tmp_path, sig):
+    """``kill`` and a closed terminal keep the finished requests and write the partial summary, as Ctrl-C; the
+    exit status is the shell's for that signal (128 + its number)."""
+    out = tmp_path / "run"
+    code, err, children = _signalled(tmp_path, _sim(out), sig, AFTER=12)
+    assert code == 128 + sig, err
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted after 12 of 30 requests" in err and "complete: false" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["num_requests"] == 12
+    assert len(list(csv.DictReader((out / "requests.csv").open()))) == 12
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+    assert alive(children) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_a_finished_run_is_written_waits_for_its_files(tmp_path, sig):
+    out = tmp_path / "run"
+    code, err = _stopped_run(tmp_path, _sim(out), sig, HANG_IN="summary")
+    assert code == 128 + sig and "interrupted after the run finished" in err and "complete: true" in err, err
+    assert json.loads((out / "summary.json").read_text())["complete"] is True
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+
+
 def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path, capsys):
     out = tmp_path / "run"
     code, _ = _stopped_run(tmp_path, _sim(out), signal.SIGKILL, HANG_IN="summary")
@@ -180,6 +220,45 @@ def test_sigint_mid_sweep_says_what_is_done_and_a_rerun_finishes(tmp_path, capsy
     assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
 
 
+def _files(folder):
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, False),
+                                       (signal.SIGHUP, True), (signal.SIGINT, True)])
+def test_a_signal_stops_a_pooled_sweep_with_its_workers(tmp_path, capsys, sig, group):
+    """SIGTERM or SIGHUP to a sweep's parent alone, or any of them to its whole process group: the sweep says
+    what is done (one line, 128 + the signal), its pool workers end with it (none runs on, none writes after
+    the lock is gone), and the same command then runs the rest, leaving no temporary file behind."""
+    out = tmp_path / "sw"
+    argv = [*_sweep(out, "fcfs,sglang", "20,30,40"), "--workers", "2"]  # a worker stops in its first run
+    code, err, children = _signalled(tmp_path, argv, sig, group, AFTER=12)
+    assert len(children) >= 2  # the pool's workers, all stopped in or before their first run
+    assert code == 128 + sig, err
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted with 0 of 6 runs done" in err and "the same command runs the rest" in err
+    assert alive(children) == []
+    with open(out / ".sweep.lock") as f:  # nobody holds the lock any more
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    before = _files(out)
+    time.sleep(0.5)
+    assert _files(out) == before  # nothing written once the sweep ended
+    assert not list(out.glob("runs/*/*/summary.json"))
+    assert sim_main(argv) == 0
+    assert sorted(_rows(out)) == sorted((m, q) for m in ("fcfs", "sglang") for q in (20.0, 30.0, 40.0))
+    assert not [p for p in out.rglob(".*") if p.name != ".sweep.lock"]
+
+
+def test_sigterm_mid_sweep_in_one_process_keeps_the_finished_runs(tmp_path, capsys):
+    out = tmp_path / "sw"
+    code, err = _stopped_run(tmp_path, _sweep(out, "fcfs", "20,30"), signal.SIGTERM, AFTER=40)  # in the 2nd run
+    assert code == 143 and f"interrupted with 1 of 2 runs done in {out}" in err, err
+    assert _rows(out) == [("fcfs", 20.0)]
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
 def test_truncated_run_summary_is_run_again(tmp_path, capsys):
     out = tmp_path / "sw"
     assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
@@ -191,6 +270,111 @@ def test_truncated_run_summary_is_run_again(tmp_path, capsys):
     assert json.loads(run.read_text())["complete"] is True
     assert kept.read_text() == first_kept  # a finished run is not simulated again
     assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
+def _damage_missing_field(run):
+    s = json.loads((run / "summary.json").read_text())
+    del s["ttft_s"]
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def _damage_field_type(run):
+    s = json.loads((run / "summary.json").read_text())
+    s["hit_rate"] = "high"
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def _damage_not_an_object(run):
+    (run / "summary.json").write_text("[1, 2]")
+
+
+def _damage_csv_cut(run):
+    data = (run / "requests.csv").read_bytes()
+    (run / "requests.csv").write_bytes(data[: len(data) // 2])
+
+
+def _damage_csv_gone(run):
+    (run / "requests.csv").unlink()
+
+
+def _damage_leftover(run):  # a killed sweep: its worker's temporary file, and no requests.csv or summary
+    (run / "summary.json").unlink()
+    (run / "requests.csv").rename(run / ".requests.4242.tmp.csv")
+    (run.parent.parent.parent / ".summary.4242.tmp.csv").write_text("half")
+
+
+@pytest.mark.parametrize("damage", [_damage_missing_field, _damage_field_type, _damage_not_an_object,
+                                    _damage_csv_cut, _damage_csv_gone, _damage_leftover])
+def test_a_damaged_run_is_run_again(tmp_path, capsys, damage):
+    """A run the sweep cannot read whole (its summary of the right settings but missing a field or holding
+    one of the wrong type, not a JSON object; its requests.csv cut short or gone; a killed writer's leftovers)
+    is not done: the rerun simulates it again and leaves the finished one alone."""
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    run, kept = out / "runs" / "fcfs" / "qps20-seed0", out / "runs" / "fcfs" / "qps30-seed0"
+    first_kept = (kept / "summary.json").read_text()
+    damage(run)
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0, capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["complete"] is True
+    assert len(list(csv.DictReader((run / "requests.csv").open()))) == 30
+    assert (kept / "summary.json").read_text() == first_kept
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+    assert not [p for p in out.rglob(".*") if p.name != ".sweep.lock"]
+
+
+@pytest.mark.parametrize("where,make", [
+    ("runs/fcfs/qps20-seed0/summary.json", lambda p: p.mkdir()),
+    ("runs/fcfs/qps20-seed0/requests.csv", lambda p: p.mkdir()),
+    ("runs", lambda p: p.write_text("not a folder")),
+    ("runs/fcfs", lambda p: p.write_text("not a folder")),
+])
+def test_a_run_folder_the_sweep_cannot_write_is_refused_in_one_line(tmp_path, capsys, where, make):
+    """A folder where a run's file goes, or a file where its folder goes: one line naming the path, before any
+    run (a run of the sweep, done or not, is not simulated)."""
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20")) == 0
+    shutil.rmtree(out / "runs")
+    target = out / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    make(target)
+    summary_csv = (out / "summary.csv").read_text()
+    code = sim_main(_sweep(out, "fcfs", "20"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(target) in err
+    assert (out / "summary.csv").read_text() == summary_csv
+
+
+@pytest.fixture
+def immutable():
+    """``immutable(folder)``: a folder nobody may write in, root included (chattr +i; undone after the test)."""
+    made = []
+
+    def make(folder):
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not allowed here (needs CAP_LINUX_IMMUTABLE on ext4 or the like)")
+        made.append(folder)
+
+    yield make
+    for folder in made:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_run_folder_is_refused_or_left_alone(tmp_path, capsys, immutable):
+    """A run folder the sweep may not write in: a finished run in it is read and kept; one to run again is
+    refused with one line naming the folder, before any run."""
+    out = tmp_path / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    done, todo = out / "runs" / "fcfs" / "qps20-seed0", out / "runs" / "fcfs" / "qps30-seed0"
+    immutable(done)
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0  # nothing to write there
+    (todo / "summary.json").unlink()
+    immutable(todo)
+    summary_csv = (out / "summary.csv").read_text()
+    code = sim_main(_sweep(out, "fcfs", "20,30"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{todo}: cannot write in {todo}" in err, err
+    assert (out / "summary.csv").read_text() == summary_csv
 
 
 def test_sigkill_while_writing_summary_csv_keeps_the_old_one(tmp_path, capsys):

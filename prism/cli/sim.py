@@ -8,7 +8,7 @@ import sys
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
 from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
-from prism.output import InterruptsHeld
+from prism.interrupts import InterruptsHeld, exit_status
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism-sim: {'interrupted after the run finished' if complete else interrupted}; results in "
               f"{out / 'requests.csv'} and {out / 'summary.json'} (complete: {str(complete).lower()})",
               file=sys.stderr)
-        return 130
+        return exit_status()
     s = result.summary
     print(table(_summary_rows(s), SUMMARY_HEADER))
     if "cluster" in s:

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
                               comma_list, parse_rates, table)
 from prism.errors import UserError
+from prism.interrupts import exit_status
 from prism.policies.registry import METHODS, check_router
 from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
@@ -144,7 +145,7 @@ def main(argv: list[str]) -> int:
             bar.close()
             print(f"prism-sim: interrupted with {len(sweep.rows)} of {len(sweep.merged)} runs done in {out}; the "
                   "same command runs the rest", file=sys.stderr)
-            return 130
+            return exit_status()
         bar.close()
         first_seed = {}
         for t in sweep.merged:
