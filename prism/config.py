@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -276,6 +277,15 @@ class _Loader(yaml.SafeLoader):
             except TypeError:
                 continue  # an unhashable key: the base class reports it
         return super().construct_mapping(node, deep)
+
+
+#: Python's float forms that YAML 1.1 reads as strings (``1e-3``, ``2E5``, ``1.5e3`` without an exponent sign,
+#: ``-.5``, ``inf``, ``nan``): numbers as people write them, read as the floats ``float()`` makes of them. The
+#: forms YAML already reads (``0.001``, ``1.0e-3``, ``.inf``) and plain integers keep YAML's own reading.
+_DIGITS = r"[0-9](?:_?[0-9])*"
+_PY_FLOAT = re.compile(rf"""^[-+]?(?:{_DIGITS}\.(?:{_DIGITS})?(?:[eE][-+]?{_DIGITS})?|\.{_DIGITS}(?:[eE][-+]?{_DIGITS})?
+                           |{_DIGITS}[eE][-+]?{_DIGITS}|(?i:inf|infinity|nan))$""", re.X)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _PY_FLOAT, list("-+0123456789.iInN"))
 
 
 def _yaml(text: str) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
                               table)
 from prism.cli.live import add_live_flags, apply_pace_profile, options
+from prism.errors import UserError
 from prism.metrics import write_json
 from prism.output import check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     from prism.live.run import check_method
 
     for spec in specs:
+        if spec.cluster.instances > 1 and opts.url:  # (check_cluster's line names prism-live's --instances)
+            raise UserError(f"--url attaches to one server; cluster.instances {spec.cluster.instances} starts its "
+                            "own servers (drop --url, or the setting)", where)
         check_method(spec, opts)
         check_cluster(spec, opts)
     out = prepare_out_dir(args.out, "--out")
