@@ -2,7 +2,7 @@
 starts, and every result file is written whole or not at all.
 
     out = prepare_out_dir(args.out, "--out")        # a folder we can write into (created), else UserError
-    path = check_out_file(args.out, "-o")           # a file we can write (its folder created), else UserError
+    path = check_out_file(args.out, "-o")           # a file we can write (its folder creatable), else UserError
     write_atomic_text(out / "summary.json", text)   # temporary file in the same folder, then rename
     with atomic_path(out / "data.npz") as tmp:      # the same for any writer that wants a path
         np.savez(tmp, **arrays)
@@ -89,16 +89,30 @@ def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
-def check_out_file(path: str | Path, flag: str = "-o") -> Path:
-    """Check that ``path`` can be written as a file (not a folder; its folder usable); create its folder."""
+def check_out_file(path: str | Path, flag: str = "-o", inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that ``path`` can be written as a file (not a folder; its folder usable, or creatable: the writer
+    creates it, so a command that fails first leaves none) and is none of the command's ``inputs`` (writing
+    it would destroy what the command reads)."""
     p = Path(path)
     where = _where(flag, p)
     if str(path).endswith(("/", os.sep)) or p.is_dir():
         raise UserError("is a folder, expected a file", where)
     if os.path.lexists(p) and not p.is_file():
         raise UserError("is not a regular file", where)
-    _make_dir(p.parent, where, p)
+    for given in inputs:
+        if _same_file(p, Path(given)):
+            raise UserError(f"is the input {given} (writing it would overwrite what it reads): choose another "
+                            "file", where)
+    _check_dir(p.parent, where, p)
     return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file (by inode where both exist: a link or another spelling of the path is caught too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def prepare_run_dir(path: str | Path, files: Iterable[str], flag: str = "--out") -> Path:
@@ -120,10 +134,12 @@ def clear_leftovers(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same folder, same suffix) to write; renamed onto ``path`` when the
-    block ends normally, removed when it raises. A reader never sees a half-written ``path``."""
+    """A temporary path beside ``path`` (same folder, same suffix; the folder created if need be) to write;
+    renamed onto ``path`` when the block ends normally, removed when it raises. A reader never sees a
+    half-written ``path``."""
     p = Path(path)
     tmp = p.with_name(f".{p.stem}.{os.getpid()}.tmp{p.suffix}")
+    p.parent.mkdir(parents=True, exist_ok=True)  # checked by check_out_file, created once there is a result
     try:
         yield tmp
         os.replace(tmp, p)

@@ -503,14 +503,47 @@ def test_sweep_refuses_bad_settings_before_touching_its_folder(tmp_path, capsys,
     assert not out.exists()
 
 
-def test_a_live_run_that_never_served_leaves_no_requests_csv(tmp_path, capsys):
-    """A server that never answers leaves the one-line error and no results: a requests.csv of its header alone
-    would read as a killed run."""
+def test_a_live_server_that_never_answers_leaves_nothing(tmp_path, capsys):
+    """A server that accepts connections but never answers: one line once --startup-timeout is spent, and
+    nothing written (the server is checked before the run folder is touched)."""
+    import socket
+
     from prism.cli.live import main as live_main
 
     out = tmp_path / "lv"
-    code = live_main(["--trace", "zipf", *SMALL, "--url", "http://127.0.0.1:9", "--startup-timeout", "1",
-                      "--no-progress", "--out", str(out)])
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        code = live_main(["--trace", "zipf", *SMALL, "--url", f"http://127.0.0.1:{port}", "--startup-timeout", "1",
+                          "--no-progress", "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "did not become healthy" in err and len(err.splitlines()) == 1, err
-    assert out.is_dir() and not list(out.iterdir())
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [[], ["validate"]])
+@pytest.mark.parametrize("url,why", [("http://127.0.0.1:{port}", "nothing listens at http://127.0.0.1:{port}: "
+                                                                "connection refused"),
+                                     ("http://127.0.0.1", "the URL names no port: http's 80"),
+                                     ("http://nosuchhost.invalid:30000", "cannot resolve the host")])
+def test_an_unreachable_live_server_is_one_line_at_once(tmp_path, capsys, command, url, why):
+    """prism-live and validate on a closed port, a URL without a port (80, where nothing listens here) or a
+    host that does not resolve: one line naming --url at once, not the start-up timeout's polling, and nothing
+    written (validate has not simulated either)."""
+    import socket
+
+    from prism.cli.live import main as live_main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "lv"
+    t0 = time.monotonic()
+    code = live_main([*command, "--trace", "zipf", *SMALL, "--url", url.format(port=port), "--no-progress",
+                      "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "error: --url: " in err and why.format(port=port) in err, err
+    assert time.monotonic() - t0 < 60  # the start-up timeout is 300 s
+    assert not out.exists()

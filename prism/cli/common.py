@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from prism.config import MAX_QPS, MIN_QPS
+from prism.config import MAX_QPS, MIN_QPS, comma_list  # noqa: F401 (comma_list: every command's lists)
 from prism.errors import UserError
 from prism.interrupts import exit_status, stopped_by_signals
 
@@ -40,15 +40,6 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
         return main
 
     return wrap
-
-
-def comma_list(text: str, flag: str, what: str = "values") -> list[str]:
-    """``"a, b,c"`` → ``["a", "b", "c"]``; an empty item (``"40,,50"``, a trailing comma: a typo, never meant as
-    nothing) or an empty list is a UserError naming the flag."""
-    items = [x.strip() for x in text.split(",")]
-    if not text.strip() or "" in items:
-        raise UserError(f"{flag}: expected comma-separated {what} with none empty, got {text!r}")
-    return items
 
 
 def parse_rates(text: str, flag: str = "--qps") -> list[float]:

@@ -11,7 +11,7 @@ from prism.config import apply_overrides
 from prism.errors import UserError
 from prism.output import check_out_file
 from prism.traces import trace as trace_format
-from prism.traces.spec import load_trace
+from prism.traces.spec import load_trace, resolve
 from prism.traces.stats import trace_stats
 
 
@@ -56,7 +56,7 @@ def _print_stats(st: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.cmd == "gen":
-        check_out_file(args.out, "-o")
+        check_out_file(args.out, "-o", inputs=[resolve(args.spec)])
         t = load_trace(args.spec, _overrides(args.overrides))
         trace_format.save(t, args.out)
         print(f"wrote {len(t)} requests, {len(t.table)} segments to {args.out}")
