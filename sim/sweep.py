@@ -2,8 +2,8 @@
 
 Each run writes ``DIR/runs/<method>/qps<Q>-seed<S>/{summary.json,requests.csv}``; the sweep rewrites
 ``DIR/summary.csv`` (atomically) as each run finishes, so an interrupted sweep loses nothing and a rerun skips
-runs whose summary exists whole with the same settings (a missing, truncated or unreadable one is run
-again), then writes ``DIR/aggregate.csv`` (mean and 95% confidence interval per method and QPS) and the plots.
+runs whose summary and requests.csv exist whole with the same settings (a missing, truncated or unreadable
+one is run again, and a folder it cannot write is refused before any run), then writes ``DIR/aggregate.csv`` (mean and 95% confidence interval per method and QPS) and the plots.
 
 One folder holds one sweep: ``DIR/.sweep.lock`` (an ``flock``, released when the process dies, even killed)
 keeps a second sweep out while one runs, and ``DIR/sweep.json`` records the trace, the settings and the runs.

@@ -36,8 +36,8 @@ lmetric.hot_streak=8, --set cache_aware.cache_threshold=0.5). The summary adds p
 TTFT and the imbalance (max/mean requests); requests.csv adds an instance column.
 
 A run folder holds one run: a run removes an earlier summary.json before it streams requests.csv, so a
-requests.csv without summary.json is a run that was killed; Ctrl-C writes a partial summary.json
-(complete: false) beside the requests that finished.
+requests.csv without summary.json is a run that was killed; Ctrl-C (and SIGTERM, SIGHUP) writes a partial
+summary.json (complete: false) beside the requests that finished, and exits with 128 + the signal.
 """
 
 
