@@ -287,7 +287,7 @@ def check_cluster_used(data: Mapping[str, Any], instances: Sequence[int], where:
                         f"1, or leave {routers_flag} out)")
     section = data.get("cluster")
     for name, why in CLUSTER_ONLY.items():
-        if isinstance(section, dict) and name in section:
+        if isinstance(section, dict) and name in section and section[name] != []:  # [] gives no profiles
             raise UserError(f"field {name!r}: {why} ({_RUN_A_CLUSTER}; or remove it)", f"{where}: cluster")
     for knobs in sorted(router_sections() & set(data)):
         if data[knobs]:

@@ -3,7 +3,8 @@
 Each run writes ``DIR/runs/<method>/qps<Q>-seed<S>/{summary.json,requests.csv}``; the sweep rewrites
 ``DIR/summary.csv`` (atomically) as each run finishes, so an interrupted sweep loses nothing and a rerun skips
 runs whose summary and requests.csv exist whole with the same settings (a missing, truncated or unreadable
-one is run again, and a folder it cannot write is refused before any run), then writes ``DIR/aggregate.csv`` (mean and 95% confidence interval per method and QPS) and the plots.
+one is run again, and a folder it cannot write is refused before any run), then writes ``DIR/aggregate.csv``
+(mean and 95% confidence interval per method and QPS) and the plots.
 
 One folder holds one sweep: ``DIR/.sweep.lock`` (an ``flock``, released when the process dies, even killed)
 keeps a second sweep out while one runs, and ``DIR/sweep.json`` records the trace, the settings and the runs.
@@ -152,8 +153,9 @@ def _whole_csv(path: Path, rows: Any, cluster: bool) -> bool:
         data = path.read_bytes()
     except OSError:
         return False
-    header = (",".join(csv_columns(cluster)) + "\r\n").encode()
-    return isinstance(rows, int) and data.startswith(header) and data.count(b"\n") == rows + 1 and data[-1:] == b"\n"
+    header = (",".join(csv_columns(cluster)) + "\r\n").encode()  # as csv.writer ends its lines
+    return (isinstance(rows, int) and data.startswith(header) and data.count(b"\n") == rows + 1
+            and data.endswith(b"\n"))
 
 
 def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:

@@ -112,26 +112,36 @@ def test_sigkill_mid_run_leaves_no_stale_summary(tmp_path, capsys):
     assert (out / "requests.csv").exists() and not (out / "summary.json").exists()
 
 
-def test_sigint_writes_partial_summary(tmp_path):
+STOPPING = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # Ctrl-C, kill, a closed terminal: all alike
+
+
+@pytest.mark.parametrize("sig", STOPPING)
+def test_sigint_writes_partial_summary(tmp_path, sig):
+    """Ctrl-C, SIGTERM or SIGHUP keeps the finished requests and writes the partial summary; the exit status is
+    the shell's for that signal (128 + its number: 130, 143, 129)."""
     out = tmp_path / "run"
-    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, AFTER=12)
-    assert code == 130
+    code, err, children = _signalled(tmp_path, _sim(out), sig, AFTER=12)
+    assert code == 128 + sig, err
     err = err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "interrupted after 12 of 30 requests" in err and str(out / "summary.json") in err
+    assert "complete: false" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is False and summary["num_requests"] == 12
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert len(rows) == 12 and [int(r["id"]) for r in rows] == sorted(int(r["id"]) for r in rows)
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+    assert alive(children) == []
 
 
-def test_sigint_after_the_run_finished_writes_it_whole(tmp_path):
-    """Ctrl-C while a finished run's files are being written waits for them: both whole, the summary
-    complete, and the exit says it was interrupted (a requests.csv without its summary would read as a
-    killed run)."""
+@pytest.mark.parametrize("sig", STOPPING)
+def test_sigint_after_the_run_finished_writes_it_whole(tmp_path, sig):
+    """Ctrl-C (or SIGTERM, SIGHUP) while a finished run's files are being written waits for them: both whole,
+    the summary complete, and the exit says it was interrupted (a requests.csv without its summary would read
+    as a killed run)."""
     out = tmp_path / "run"
-    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, HANG_IN="summary")
-    assert code == 130
+    code, err = _stopped_run(tmp_path, _sim(out), sig, HANG_IN="summary")
+    assert code == 128 + sig
     err = err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "interrupted after the run finished" in err and "complete: true" in err
@@ -160,32 +170,6 @@ def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
     assert isinstance(e.value, sim_run.SimInterrupted), "Ctrl-C cut the summary of a finished run short"
     assert e.value.result.summary["complete"] is True and len(e.value.result.records) == 30
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tmp_path, sig):
-    """``kill`` and a closed terminal keep the finished requests and write the partial summary, as Ctrl-C; the
-    exit status is the shell's for that signal (128 + its number)."""
-    out = tmp_path / "run"
-    code, err, children = _signalled(tmp_path, _sim(out), sig, AFTER=12)
-    assert code == 128 + sig, err
-    err = err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert "interrupted after 12 of 30 requests" in err and "complete: false" in err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["complete"] is False and summary["num_requests"] == 12
-    assert len(list(csv.DictReader((out / "requests.csv").open()))) == 12
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
-    assert alive(children) == []
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_while_a_finished_run_is_written_waits_for_its_files(tmp_path, sig):
-    out = tmp_path / "run"
-    code, err = _stopped_run(tmp_path, _sim(out), sig, HANG_IN="summary")
-    assert code == 128 + sig and "interrupted after the run finished" in err and "complete: true" in err, err
-    assert json.loads((out / "summary.json").read_text())["complete"] is True
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
 
 
 def test_sigkill_while_writing_summary_leaves_no_truncated_summary(tmp_path, capsys):

@@ -47,6 +47,19 @@ def _wait_for(proc: subprocess.Popen, ready, what: str, timeout_s: float = 240) 
         time.sleep(0.2)
 
 
+def _signal_when(proc: subprocess.Popen, ready, what: str, sig: int) -> tuple[str, list[int]]:
+    """Send ``sig`` once ``ready()``; prism-live's stderr and the processes it had then."""
+    try:
+        _wait_for(proc, ready, what)
+        children = descendants(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err, children
+
+
 def _last_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
     assert "Traceback" not in err, err[-3000:]
@@ -57,14 +70,7 @@ def _last_line(err: str) -> str:
 def test_a_signal_during_server_start_up_stops_the_server(tmp_path, sig, port):
     out = tmp_path / "starting"
     proc = _start(out, port)
-    try:
-        _wait_for(proc, lambda: _processes_with(str(out / "plugin.json")), "server process")
-        server = descendants(proc.pid)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err, server = _signal_when(proc, lambda: _processes_with(str(out / "plugin.json")), "server process", sig)
     assert proc.returncode == 128 + sig, err[-3000:]
     line = _last_line(err)
     assert line.startswith("prism-live: interrupted; no request had finished") and "summary.json says" not in line
@@ -75,16 +81,9 @@ def test_a_signal_during_server_start_up_stops_the_server(tmp_path, sig, port):
 @pytest.mark.parametrize("sig,port", [(signal.SIGTERM, 30173), (signal.SIGHUP, 30174)])
 def test_a_signal_mid_run_keeps_the_finished_requests(tmp_path, sig, port):
     out = tmp_path / "running"
-    proc = _start(out, port)
-    try:
-        csv = out / "requests.csv"
-        _wait_for(proc, lambda: csv.exists() and len(csv.read_text().splitlines()) > 5, "sixth row")
-        server = descendants(proc.pid)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, csv = _start(out, port), out / "requests.csv"
+    err, server = _signal_when(proc, lambda: csv.exists() and len(csv.read_text().splitlines()) > 5, "sixth row",
+                               sig)
     assert proc.returncode == 128 + sig, err[-3000:]
     _assert_partial(out, err, "prism-live: interrupted; partial results in")
     assert "complete: false" in _last_line(err)
@@ -95,14 +94,7 @@ def test_a_signal_mid_run_keeps_the_finished_requests(tmp_path, sig, port):
 def test_the_server_dies_with_a_killed_prism_live(tmp_path):
     """SIGKILL runs no code of prism-live's: the kernel's parent-death signal stops the server."""
     out = tmp_path / "killed"
-    proc = _start(out, 30175)
-    try:
-        # the launcher, SGLang's scheduler and its detokenizer
-        _wait_for(proc, lambda: len(descendants(proc.pid)) >= 3, "scheduler and detokenizer processes")
-        server = descendants(proc.pid)
-        proc.kill()
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = _start(out, 30175)  # killed once the launcher has started its first processes (still importing)
+    _, server = _signal_when(proc, lambda: len(_processes_with(str(out / "plugin.json"))) >= 3,
+                             "the launcher's processes", signal.SIGKILL)
     assert alive(server, wait_s=30) == [] and not _processes_with(str(out / "plugin.json"))
