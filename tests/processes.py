@@ -1,10 +1,20 @@
 """The processes a test started, read from /proc (Linux): which descendants a command had, and whether any is
-still running once it has exited (a zombie, dead and waiting for its new parent to reap it, is not)."""
+still running once it has exited (a zombie, dead and waiting for its new parent to reap it, is not); and the
+signals of a command a test signals, as from a terminal."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` of a command a test signals: SIGINT, SIGTERM and SIGHUP at their default, as a command run
+    from a terminal has them. A test run by ``nohup`` or in a non-interactive shell's background ignores SIGHUP
+    or SIGINT, an ignored signal stays ignored across exec, and the command would rightly keep ignoring it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _stat(pid: int) -> list[str] | None:

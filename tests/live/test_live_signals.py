@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("sglang.srt.managers.scheduler")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the helpers beside the default suite
-from processes import alive, descendants  # noqa: E402
+from processes import alive, as_from_a_terminal, descendants  # noqa: E402
 from test_live_server import BREAK_OFF_REQUESTS, LIVE, SMALL, _assert_partial, _processes_with  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def _start(out: Path, port: int) -> subprocess.Popen:
                              "sglang", "--qps", "5", "--out", str(out), "--port", str(port),
                              "--pace", "a800-80g:qwen3-4b-instruct-2507", "--dilation", "4"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+                            preexec_fn=as_from_a_terminal)
 
 
 def _wait_for(proc: subprocess.Popen, ready, what: str, timeout_s: float = 240) -> None:
