@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import MIN_QPS, apply_overrides, build, choice, fraction, load_yaml, nonneg, positive, unknown_keys
@@ -372,7 +372,8 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     knobs = {k: data[k] for k in knob_sections() if k in data}
     configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
     check_knobs_used(data, [label], where)
-    cluster = build(ClusterConfig, data.get("cluster"), f"{where}: cluster")
+    cluster = cluster_config(data, where)
+    check_cluster_used(data, [cluster.instances], where)
     check_router_knobs_used(data, [cluster.router], where)
     routing = router_config(cluster.router, {k: data[k] for k in router_sections() if k in data}, f"{where}: ")
     fleet = build(FleetConfig, data.get("fleet"), f"{where}: fleet") if data.get("fleet") is not None else None
@@ -388,13 +389,46 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
                     dict(data.get("engine") or {}), cluster, routing, fleet, sharing)
 
 
+#: the cluster settings a single engine does not read, and why
+CLUSTER_ONLY = {"router": "a single engine has no router", "router_delay_s": "a single engine has no router",
+                "view_interval_s": "a single engine has no router", "profiles": "a single engine runs on --profile"}
+_RUN_A_CLUSTER = "a cluster needs cluster.instances above 1"
+
+
+def cluster_config(data: Mapping[str, Any], where: str, instances: int | None = None) -> ClusterConfig:
+    """The ``cluster`` section of ``data``, validated as a run reads it (``instances``: a count given by a flag,
+    over the section's own): the one check of it for every command."""
+    section = data.get("cluster")
+    if instances is not None and (section is None or isinstance(section, dict)):
+        section = {**(section or {}), "instances": instances}
+    return build(ClusterConfig, section, f"{where}: cluster")
+
+
+def check_cluster_used(data: Mapping[str, Any], instances: Sequence[int], where: str, routers_flag: str = "") -> None:
+    """Cluster settings where every run (of ``instances`` counts) is a single engine: an error, as the knobs of
+    a policy that no method runs are, never ignored. ``routers_flag``: a flag that gave routers (a sweep's)."""
+    if max(instances) > 1:
+        return
+    if routers_flag:
+        raise UserError(f"{routers_flag}: every run is on one engine, which has no router (give --instances above "
+                        f"1, or leave {routers_flag} out)")
+    section = data.get("cluster")
+    for name, why in CLUSTER_ONLY.items():
+        if isinstance(section, dict) and name in section and section[name] != []:  # [] gives no profiles
+            raise UserError(f"field {name!r}: {why} ({_RUN_A_CLUSTER}; or remove it)", f"{where}: cluster")
+    for knobs in sorted(router_sections() & set(data)):
+        if data[knobs]:
+            raise UserError(f"section {knobs!r}: a router's knobs, and a single engine has no router "
+                            f"({_RUN_A_CLUSTER}; or remove them)", where)
+
+
 def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: str) -> None:
     """Knobs of a router that none of ``routers`` is: an error, as for policies."""
     used = {router_section(r) for r in routers}
     for section in sorted(router_sections() & set(data)):
         if section not in used and data[section]:
             raise UserError(f"section {section!r}: no router of {', '.join(routers)} reads these knobs (remove "
-                            f"them, or use --router {section})", where)
+                            f"them, or route with {section}: cluster.router)", where)
 
 
 def for_router(data: dict[str, Any], router: str) -> dict[str, Any]:

@@ -291,7 +291,7 @@ def timeline_path(value: str | None, run_folder: Path, flag: str = "--timeline")
         return None
     if value == "":
         return run_folder / TIMELINE_FILE
-    return check_out_file(value, flag, create=False)
+    return check_out_file(value, flag)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import sys
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
-from prism.output import InterruptsHeld
+from prism.interrupts import InterruptsHeld, exit_status
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
 from prism.sim.timeline import SimTimeline
@@ -38,8 +38,8 @@ lmetric.hot_streak=8, --set cache_aware.cache_threshold=0.5). The summary adds p
 TTFT and the imbalance (max/mean requests); requests.csv adds an instance column.
 
 A run folder holds one run: a run removes an earlier summary.json before it streams requests.csv, so a
-requests.csv without summary.json is a run that was killed; Ctrl-C writes a partial summary.json
-(complete: false) beside the requests that finished.
+requests.csv without summary.json is a run that was killed; Ctrl-C (and SIGTERM, SIGHUP) writes a partial
+summary.json (complete: false) beside the requests that finished, and exits with 128 + the signal.
 """
 
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism-sim: {'interrupted after the run finished' if complete else interrupted}; results in "
               f"{out / 'requests.csv'} and {out / 'summary.json'} (complete: {str(complete).lower()})",
               file=sys.stderr)
-        return 130
+        return exit_status()
     s = result.summary
     print(table(_summary_rows(s), SUMMARY_HEADER))
     if "cluster" in s:

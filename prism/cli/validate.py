@@ -17,10 +17,10 @@ from pathlib import Path
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
                               table)
-from prism.cli.live import add_live_flags, apply_pace_profile, options
+from prism.cli.live import add_live_flags, apply_pace_profile, check_server, options
 from prism.errors import UserError
 from prism.metrics import read_requests_csv, write_json
-from prism.output import check_out_file, prepare_out_dir, save_figure, write_csv
+from prism.output import check_out_dir, check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
 
 HIT_POINTS, TTFT_REL = 0.02, 0.15
@@ -147,12 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     from prism.live.run import check_method
 
     for spec in specs:
+        if spec.cluster.instances > 1 and opts.url:  # (check_cluster's line names prism-live's --instances)
+            raise UserError(f"--url attaches to one server; cluster.instances {spec.cluster.instances} starts its "
+                            "own servers (drop --url, or the setting)", where)
         check_method(spec, opts)
     if args.timeline and opts.url:
         raise UserError("--timeline needs the servers prism starts: an attached --url server keeps no event log")
-    out = prepare_out_dir(args.out, "--out")
     for name in ("validate.csv", "validate.json", "validate.png"):
-        check_out_file(out / name, "--out")
+        check_out_file(check_out_dir(args.out, "--out") / name, "--out")
+    check_server(opts)  # before the simulator's results are written
+    out = prepare_out_dir(args.out, "--out")
     from prism.live.run import ReplayError, live_run
     from prism.sim.run import simulate
     from prism.sim.timeline import SimTimeline
