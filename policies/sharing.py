@@ -53,7 +53,7 @@ class ModelView(Protocol):
     name: str
     tp: int
     weight_bytes: float  # all shards
-    min_kv_bytes: float  # KV of its largest request (all shards): what a GPU must leave it to serve at all
+    min_kv_bytes: float  # KV of its largest request in whole blocks (all shards): what it needs to serve at all
     kv_bytes_per_token: float  # all shards
     ttft_slo_s: float
     tpot_slo_s: float

@@ -3,8 +3,8 @@ with parallel loading, KV-pressure placement with a migration threshold, idle ev
 and one deadline-ordered request queue per GPU.
 
 * **Start** (:meth:`PrismSharing.start`): with no demand measured yet, the models are placed by memory alone,
-  largest first, each on the GPU with the most memory left, as long as they fit with room for their KV; the
-  others wait for a request.
+  largest first, each on the GPU with the most memory left, as long as the GPU keeps room for the fleet's largest
+  request (as an activation does); the others wait for a request.
 * **Activation** (:meth:`PrismSharing.wake`): a model with requests and no engine goes to the GPU of lowest KV
   pressure ratio that fits its weights (``policies/placement.py`` ``place_woken``); where none fits, models idle
   for more than ``idle_s`` (45 s, App. A.4) are evicted, longest idle first, from the GPU where that frees enough;
@@ -78,17 +78,19 @@ class PrismSharing(SharingScheme):
 
     def start(self, fleet: FleetView) -> list[Action]:
         free = {g.index: g.capacity_bytes for g in fleet.gpus}
+        room = self._room(fleet)  # as an activation leaves: no model's largest request is ever shut out
         out = []
         for m in sorted(fleet.models.values(), key=lambda m: (-m.weight_bytes, m.name)):
             if m.tp != 1:
                 continue  # a TP model waits for its first request (placement then picks a node)
             best = max(free, key=lambda i: (free[i], -i))
-            if free[best] - m.weight_bytes > m.min_kv_bytes:
+            if free[best] - m.weight_bytes > room:
                 out.append(activate(m.name, [best]))
                 free[best] -= m.weight_bytes
         return out
 
     def _room(self, fleet: FleetView) -> float:
+        """The KV room every GPU keeps beside its weights: the fleet's largest request."""
         return max(m.min_kv_bytes for m in fleet.models.values())
 
     def wake(self, fleet: FleetView, model: str) -> list[Action]:

@@ -51,6 +51,7 @@ from prism.calibration import profiles
 from prism.calibration.cost_model import Profile, served_profile
 from prism.calibration.loading import PAGE_BYTES, LoadingConfig, activation_seconds, load_seconds, pages_for_bytes
 from prism.core import Request
+from prism.counters import DECODE_ITERATIONS, PREFILL_ITERATIONS
 from prism.errors import UserError
 from prism.metrics import RequestRecord, fleet_summary
 from prism.policies.moore_hodgson import DeadlineOrder, DeadlineQueue, prefill_seconds
@@ -67,6 +68,11 @@ from prism.sim.instance import Instance
 from prism.sim.memory import GpuMemory, KvLayout, MemoryFull
 from prism.sim.run import Replay, SimResult
 
+
+
+#: simulated seconds of no progress while requests wait after which a fleet is stuck (longer than any idle
+#: timeout a scheme waits out before evicting)
+STALL_S = 3600.0
 
 
 # ---------------------------------------------------------------------------------------------- the fleet's parts
@@ -185,8 +191,9 @@ class Copy:
         self._held = []
 
     def refresh(self, engine: Engine) -> None:
-        """Before an iteration: the KV capacity an elastic engine may use now, what it holds and owes plus what
-        its pools may map (a lowered limit: cached prefixes above it go first); squeezed, it admits nothing."""
+        """Before an iteration: the KV capacity an elastic engine may use now, what its pools hold for it (live,
+        owed and cached, as last settled) plus what they may map (a lowered limit: cached prefixes above it go
+        first); squeezed, it admits nothing."""
         if not self.model.elastic:
             return
         name = self.model.name
@@ -194,8 +201,8 @@ class Copy:
         if excess > 0 and engine.cache.evictable_size:
             engine.drop_cached(excess)
             self.settle(engine)
-        room = min(g.memory.room_tokens(name) for g in self.gpus)
-        capacity = _used(engine) + engine.owed + max(0, room)
+        reach = min(sum(g.memory.used_tokens(name)) + g.memory.room_tokens(name) for g in self.gpus)
+        capacity = max(_used(engine), reach)
         if self.squeezed:
             engine.batch_is_full = True
         elif capacity > engine.capacity:
@@ -209,15 +216,16 @@ class Copy:
         if not self.model.elastic:
             return 0.0
         cached = engine.cache.evictable_size
-        live = _used(engine) - cached + engine.owed
+        # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
+        live = max(_used(engine), min(_used(engine) + engine.owed, engine.capacity)) - cached
         freed, seconds = False, 0.0
         for g in self.gpus:
-            before = g.memory.free_pages
+            before = g.memory.loadable_pages  # a block back in the buffer is room for weights as well
             try:
                 seconds = max(seconds, g.memory.use(self.model.name, live, cached))
             except MemoryFull as e:
                 raise RuntimeError(f"fleet memory accounting: {e}") from None
-            freed |= g.memory.free_pages > before
+            freed |= g.memory.loadable_pages > before
         if freed:
             for g in self.gpus:
                 g.notify()
@@ -278,7 +286,7 @@ class ModelServer:
         # its KV pool on GPUs of its own, as SGLang sizes it (checked against its requests, where it has any)
         self.pool_tokens = (spec.kv_capacity_of() if requests
                             else spec.engine.max_total_tokens or profile.kv_capacity_tokens)
-        self.min_kv_bytes = self.min_kv_tokens * self.kv_bytes_per_token
+        self.min_kv_bytes = self.layout.pages(self.min_kv_tokens) * PAGE_BYTES * self.tp  # whole blocks
         self.copies: list[Copy] = []
         self.pending: list[Seq] = []
         self.rate = TokenRate(window_s)
@@ -386,9 +394,36 @@ class Fleet:
             self.apply(self.scheme.tick(self))
 
     def _sampler(self, every: float):
+        """Memory samples every ``every`` s; a fleet whose waiting requests see no iteration, load or finish for
+        :data:`STALL_S` simulated seconds is stuck (a scheme that cannot make room), an error, not a hang."""
+        mark, since = None, self.env.now
         while True:
             self.sample()
+            now = self._progress()
+            if now != mark or not self._waiting():
+                mark, since = now, self.env.now
+            elif self.env.now - since > STALL_S:
+                waiting = ", ".join(f"{n} ({k})" for n, k in self._waiting().items())
+                raise UserError(f"the fleet stalled at t={self.env.now:.0f} s: requests of {waiting} wait and no "
+                                f"engine ran, loaded or finished a request for {STALL_S:.0f} simulated seconds (the "
+                                f"{self.spec.fleet.sharing} scheme finds no room for them: give more GPUs or a "
+                                f"larger fleet.utilization)", "fleet")
             yield self.env.timeout(every)
+
+    def _progress(self) -> tuple:
+        c = self.counters
+        steps = sum(cp.engine.counters[PREFILL_ITERATIONS] + cp.engine.counters[DECODE_ITERATIONS]
+                    for m in self.models.values() for cp in m.copies if cp.engine is not None)
+        return len(self.replay.records), c.activations, c.migrations, c.bytes_moved, steps
+
+    def _waiting(self) -> dict[str, int]:
+        """Requests waiting per model: for its activation or in its engines' queues."""
+        out = {}
+        for m in self.models.values():
+            n = len(m.pending) + sum(len(cp.engine.waiting) for cp in m.copies if cp.engine is not None)
+            if n:
+                out[m.name] = n
+        return out
 
     # ---------------------------------------------------------------- traffic
     def submit(self, seq: Seq) -> None:
@@ -430,13 +465,18 @@ class Fleet:
         self.apply(self.scheme.idle(self, copy.model.name))
 
     def reclaim(self, gpu: Gpu, starving: Copy | None) -> None:
-        """Engines on ``gpu`` other than ``starving`` give up their cached prefixes (reclaimable memory: a model
-        that cannot admit for lack of pages takes them)."""
+        """Engines on ``gpu`` other than ``starving`` give up their cached prefixes and, for ``starving``, their
+        buffers (reclaimable memory: a model that cannot admit for lack of pages takes them)."""
         for c in gpu.copies:
             if c is starving or c.engine is None or not c.model.elastic or not c.engine.cache.evictable_size:
                 continue
             c.engine.drop_cached(c.engine.cache.evictable_size)
             c.settle(c.engine)
+        if starving is not None:  # and their idle buffers
+            before = gpu.memory.free_pages
+            gpu.memory.release_buffers(starving.model.name)
+            if gpu.memory.free_pages > before:
+                gpu.notify()
 
     # ---------------------------------------------------------------- residency
     def _activate(self, m: ModelServer, gpus: list[Gpu], source: Copy | None = None,

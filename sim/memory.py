@@ -159,6 +159,11 @@ class GpuMemory:
     def free_pages(self) -> int:
         return self.total_pages - self.used_pages
 
+    @property
+    def loadable_pages(self) -> int:
+        """Pages weights may take now: the free ones and the models' buffers (unmapped first when needed)."""
+        return self.free_pages + self._buffers()
+
     def weight_pages(self, model: str) -> int:
         return self._get(model).weight_pages
 
@@ -200,7 +205,7 @@ class GpuMemory:
 
     def can_load(self, weight_bytes: float, extra_bytes: float = 0.0) -> bool:
         """Whether weights fit now, counting the other models' buffers (unmapped first when needed)."""
-        return pages_for_bytes(weight_bytes + extra_bytes) <= self.free_pages + self._buffers()
+        return pages_for_bytes(weight_bytes + extra_bytes) <= self.loadable_pages
 
     def sample(self, t: float) -> MemorySample:
         weights = live = cached = buffer = 0
@@ -222,7 +227,7 @@ class GpuMemory:
         if model in self._models:
             raise ValueError(f"{self.name}: {model} is already resident")
         pages = pages_for_bytes(weight_bytes + extra_bytes)
-        if pages > self.free_pages + self._buffers():
+        if pages > self.loadable_pages:
             raise MemoryFull(f"{self.name}: {model}'s weights need {pages} pages, {self.free_pages} are free")
         t = self._trim_buffers(pages - self.free_pages)
         limit = self.total_pages // layout.pages_per_block if limit_tokens is None else layout.blocks(limit_tokens)
@@ -321,12 +326,20 @@ class GpuMemory:
             self.counters.pages_mapped += pages
             self.counters.background_s += self.costs.map_seconds(pages)
 
-    def _trim_buffers(self, pages: int) -> float:
+    def release_buffers(self, keep: str) -> float:
+        """Unmap every buffer but ``keep``'s (a model that cannot map a block takes the others' idle pages).
+        Returns seconds of unmapping."""
+        return self._trim_buffers(sum(r.buffer * r.layout.pages_per_block for n, r in self._models.items()
+                                      if n != keep), keep)
+
+    def _trim_buffers(self, pages: int, keep: str | None = None) -> float:
         """Unmap other models' buffers, largest first, until ``pages`` more pages are free."""
         t = 0.0
-        for r in sorted(self._models.values(), key=lambda r: -r.buffer * r.layout.pages_per_block):
+        for n, r in sorted(self._models.items(), key=lambda nr: -nr[1].buffer * nr[1].layout.pages_per_block):
             if pages <= 0:
                 break
+            if n == keep:
+                continue
             blocks = min(r.buffer, -(-pages // r.layout.pages_per_block))
             r.buffer -= blocks
             self._used = None
