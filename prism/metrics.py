@@ -60,7 +60,7 @@ class RequestRecord:
 
 
 #: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
-RUN_FILES = ("summary.json", "requests.csv", "timeline.json")
+RUN_FILES = ("summary.json", "requests.csv", "timeline.json", "memory.csv", "memory.png")
 #: what a live run adds for each server, in its folder (a cluster: in instance-<i>/ folders): its log, the plugin's
 #: settings, counters and event logs
 SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")

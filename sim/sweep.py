@@ -288,6 +288,32 @@ def _canonical(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
+@contextlib.contextmanager
+def folder_lock(out: Path, files: Iterable[str]) -> Iterator[Path]:
+    """Hold ``DIR/.sweep.lock`` for one sweep (a fleet sweep or a plan too), its folder and ``files`` checked
+    first: an ``flock``, released when the process dies, even killed; a second sweep gets one line. The lock file
+    holds the pid only while the sweep runs (for that line)."""
+    out = prepare_out_dir(out, "--out")
+    for name in (*files, MANIFEST, LOCK):
+        check_out_file(out / name, "--out")
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UserError(f"another sweep (pid {holder}) is writing in this folder; wait for it or use "
+                            "another --out", f"--out {out}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield out
+        finally:
+            os.ftruncate(fd, 0)  # the pid goes with the sweep: a finished folder holds no trace of the process
+    finally:
+        os.close(fd)  # releases the lock
+
+
 @dataclass
 class Sweep:
     trace: str
@@ -324,27 +350,12 @@ class Sweep:
         if self._locked:
             yield
             return
-        out = prepare_out_dir(self.out, "--out")
-        for name in (*SWEEP_FILES, MANIFEST, LOCK):
-            check_out_file(out / name, "--out")
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                raise UserError(f"another sweep (pid {holder}) is writing in this folder; wait for it or use "
-                                "another --out", f"--out {out}") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with folder_lock(self.out, SWEEP_FILES):
             self._locked = True
             try:
                 yield
             finally:
                 self._locked = False
-                os.ftruncate(fd, 0)  # the pid goes with the sweep: a finished folder holds no trace of the process
-        finally:
-            os.close(fd)  # releases the lock
 
     def _merge_earlier(self) -> list[RunTask]:
         """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""

@@ -120,6 +120,10 @@ def _check_runs(base: dict, methods: list[str], instances: list[int], routers: l
 
 
 def main(argv: list[str]) -> int:
+    from prism.cli.fleet import FLEET_SWEEP_FLAGS, sweep_main
+
+    if any(a.split("=", 1)[0] in FLEET_SWEEP_FLAGS for a in argv):  # schemes x GPUs x rates of several models
+        return sweep_main(argv)
     args = parser().parse_args(argv)
     qps = parse_rates(args.qps)
     methods = comma_list(args.methods, "--methods", "methods")
