@@ -99,9 +99,9 @@ def sharing_sections() -> set[str]:
     return set(SHARING)
 
 
-def check_sharing(name: str) -> str:
+def check_sharing(name: str, where: str | None = None) -> str:
     if name not in SHARING:
-        raise UserError(f"unknown sharing scheme {name!r} (known: {', '.join(SHARING)})")
+        raise UserError(f"unknown sharing scheme {name!r} (known: {', '.join(SHARING)})", where)
     return name
 
 

@@ -208,6 +208,10 @@ def _fleet_spec(spec: RunSpec, fleet: FleetConfig, sharing_configs: dict[str, An
     except UserError as e:
         raise UserError(str(e), "fleet.gpu") from None
     capacity = gpu.memory_bytes * fleet.utilization
+    largest: dict[str, int] = {}  # each model's largest request, prompt and output: its KV must fit beside weights
+    for r in spec.trace.requests:
+        name = r.model or ONLY_MODEL
+        largest[name] = max(largest.get(name, 0), r.prompt_len + r.output_len)
     for i, m in enumerate(served):
         if m.tp > gpu.gpus_per_node:
             raise UserError(f"models[{i}] ({m.name}): tp {m.tp} is more than the {gpu.gpus_per_node} GPUs of a "
@@ -217,6 +221,12 @@ def _fleet_spec(spec: RunSpec, fleet: FleetConfig, sharing_configs: dict[str, An
             served_profile(gpu, model, m.tp)
         except UserError as e:
             raise UserError(f"models[{i}] ({m.name}) fits no GPU: {e}", spec.trace_source or "trace") from None
+        need = model.weight_bytes(tp=m.tp) + largest.get(m.name, 0) * model.kv_bytes_per_token(tp=m.tp)
+        if need > capacity:
+            raise UserError(f"models[{i}] ({m.name}) fits no GPU: its weights and its largest request's KV "
+                            f"({largest.get(m.name, 0)} tokens) need {need / profiles.GIB:.1f} GiB per GPU at tp "
+                            f"{m.tp}; one {gpu_name} offers {capacity / profiles.GIB:.1f} GiB at fleet.utilization "
+                            f"{fleet.utilization:g}", spec.trace_source or "trace")
     if fleet.sharing == "dedicated":
         need = sum(m.tp for m in served)
         if fleet.gpus is not None and fleet.gpus < need:
@@ -224,10 +234,6 @@ def _fleet_spec(spec: RunSpec, fleet: FleetConfig, sharing_configs: dict[str, An
                             f"got {fleet.gpus}", "fleet.gpus")
         gpus = need
     else:
-        largest: dict[str, int] = {}
-        for r in spec.trace.requests:
-            name = r.model or ONLY_MODEL
-            largest[name] = max(largest.get(name, 0), r.prompt_len + r.output_len)
         need = sum(profiles.model(m.profile).weight_bytes() + largest.get(m.name, 0)
                    * profiles.model(m.profile).kv_bytes_per_token() for m in served)
         gpus = fleet.gpus or max(max(m.tp for m in served), -(-int(need) // int(capacity)))

@@ -346,14 +346,3 @@ class GpuMemory:
             pages -= blocks * r.layout.pages_per_block
             t += self._unmap(blocks * r.layout.pages_per_block)
         return t
-
-
-def check_fits(model: str, weight_bytes: float, layout: KvLayout, total_pages: int, min_kv_tokens: int = 1,
-               where: str | None = None) -> None:
-    """A model that could never run on a GPU of ``total_pages`` (weights and ``min_kv_tokens`` of KV, alone on
-    it) is bad input: one line naming the model."""
-    pages = pages_for_bytes(weight_bytes) + layout.pages(min_kv_tokens)
-    if pages > total_pages:
-        raise UserError(f"model {model!r} does not fit on the GPU: its weights and {min_kv_tokens} tokens of KV "
-                        f"need {pages * PAGE_BYTES / 2**30:.1f} GiB of {total_pages * PAGE_BYTES / 2**30:.1f}",
-                        where)

@@ -742,6 +742,37 @@ CASES += [(f"measure-{flag[2:]}-{name}", "calibrate", {}, [*MEASURE, flag, value
           for name, value in (("empty-item", "128,,512"), ("trailing-comma", "128,"), ("blank", " "))]
 CASES += zipf_cases(CLUSTER_CASES)
 CASES += file_cases(PROFILE_CASES, "sim", "p.yaml", ["--trace", "zipf", "--profile", "{d}/p.yaml"])
+
+# Several models sharing GPUs (prism-sim --gpus/--sharing, sweep --sharing, plan): id | fragment | trace YAML
+MM = "kind: multi_model\nduration_s: 60\nqps: 1\nmodels:\n  - "
+ON2 = ["--trace", "{d}/m.yaml", "--gpus", "2", "--sharing", "prism"]
+CASES += [(case, "sim", {"m.yaml": MM + model + "\n"}, argv, fragment) for case, model, argv, fragment in [
+    ("fleet-slo-zero", "{name: a, profile: llama-3.2-1b, ttft_slo_s: 0}", ON2,
+     "models[0]: field 'ttft_slo_s': must be > 0"),
+    ("fleet-no-profile", "{name: a, profile: llama-9000}", ON2, "field 'models[0].profile': unknown model 'llama-9000'"),
+    ("fleet-tp-over-gpus", "{name: a, profile: llama-3.1-8b, tp: 4}", ON2,
+     "a model over 4 GPUs needs a fleet of at least 4, got 2"),
+    ("fleet-tp-unsplittable", "{name: a, profile: llama-3.2-1b, tp: 3}", ON2, "field 'tp': llama-3.2-1b has 32 attention heads, which do not divide among 3 GPUs"),
+    ("fleet-fits-no-gpu", "{name: a, profile: llama-2-13b}",
+     ["--trace", "{d}/m.yaml", "--gpus", "1", "--set", "fleet.utilization=0.2"], "models[0] (a) fits no GPU"),
+]]
+MM8 = ["--trace", "multimodel"]
+CASES += [(case, "sim", {}, argv, fragment) for case, argv, fragment in [
+    ("fleet-unknown-scheme", MM8 + ["--gpus", "2", "--sharing", "nonsense"], "field 'sharing': must be one of"),
+    ("fleet-zero-gpus", MM8 + ["--gpus", "0", "--sharing", "prism"], "field 'gpus': must be > 0"),
+    ("fleet-slo-scale", MM8 + ["--gpus", "2", "--set", "fleet.slo_scale=-1"], "field 'slo_scale': must be > 0"),
+    ("fleet-unknown-gpu", MM8 + ["--gpus", "2", "--set", "fleet.gpu=a100-9000"], "fleet.gpu: unknown GPU 'a100-9000'"),
+    ("fleet-utilization", MM8 + ["--set", "fleet.utilization=1.5"], "field 'utilization': must be <= 1"),
+    ("fleet-compute", MM8 + ["--set", "fleet.compute=sideways"], "field 'compute': must be one of serial, parallel"),
+    ("fleet-dedicated-short", MM8 + ["--gpus", "1", "--sharing", "dedicated"], "the dedicated scheme needs 8 GPUs"),
+    ("fleet-scheme-knob", MM8 + ["--sharing", "prism", "--set", "prism.tau=-1"], "prism: field 'tau': must be >= 0"),
+    ("fleet-sweep-scheme", ["sweep"] + MM8 + ["--sharing", "prism,bogus"], "--sharing: unknown sharing scheme 'bogus'"),
+    ("fleet-sweep-gpus", ["sweep"] + MM8 + ["--gpus", "2,x"], "--gpus: expected comma-separated whole numbers"),
+    ("fleet-sweep-scale", ["sweep"] + MM8 + ["--rate-scale", "0"], "--rate-scale: expected numbers > 0"),
+    ("fleet-plan-target", ["plan"] + MM8 + ["--attainment", "1.5"], "--attainment must be in (0, 1]"),
+    ("fleet-plan-max-gpus", ["plan"] + MM8 + ["--max-gpus", "0"], "--max-gpus must be in 1..4096"),
+    ("fleet-plan-scheme", ["plan"] + MM8 + ["--sharing", "dedicatd"], "--sharing: unknown sharing scheme"),
+]]
 CASES += file_cases(FIT_CASES, "calibrate", "m.csv", ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"])
 
 # prism-sim, prism-theory, prism-live: small traces, no progress bar, a throw-away output folder
@@ -758,10 +789,13 @@ def no_runs(monkeypatch):
     import prism.calibration.measure as measure
     import prism.cli.sim as cli_sim
     import prism.live.run as live_run
+    import prism.sim.fleet_sweep as fleet_sweep
     import prism.sim.sweep as sweep
 
     monkeypatch.setattr(cli_sim, "simulate", _never)
     monkeypatch.setattr(sweep.Sweep, "run", _never)
+    monkeypatch.setattr(fleet_sweep.FleetSweep, "run", _never)
+    monkeypatch.setattr(fleet_sweep, "plan", _never)
     monkeypatch.setattr(live_run, "live_run", _never)
     monkeypatch.setattr(measure, "measure", _never)
 
@@ -771,7 +805,7 @@ def _argv(cli: str, argv: list[str], d: str) -> list[str]:
     if cli not in RUN_CLIS:
         return args
     extra = ["--set", "trace.num_requests=20", "--out", f"{d}/out"] + ([] if cli == "theory" else ["--no-progress"])
-    if args and args[0] in ("sweep", "validate"):
+    if args and args[0] in ("sweep", "validate", "plan"):
         return args[:1] + extra + args[1:]
     return extra + args
 

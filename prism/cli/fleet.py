@@ -108,7 +108,7 @@ def sweep_main(argv: list[str]) -> int:
     from prism.sim.fleet_plots import plot_attainment
 
     args = sweep_parser().parse_args(argv)
-    sharings = [check_sharing(s) for s in comma_list(args.sharing, "--sharing", "schemes")]
+    sharings = [check_sharing(s, "--sharing") for s in comma_list(args.sharing, "--sharing", "schemes")]
     gpus = _numbers(args.gpus, "--gpus", int) if args.gpus else [2]
     scales = _numbers(args.rate_scale, "--rate-scale") if args.rate_scale else [1.0]
     out = Path(args.out) if args.out else Path("runs") / f"fleet-{Path(args.trace).stem}"
@@ -174,7 +174,7 @@ def plan_main(argv: list[str]) -> int:
         raise UserError(f"--rate-scale must be in (0, 1000], got {args.rate_scale}")
     if not 1 <= args.max_gpus <= 4096:
         raise UserError(f"--max-gpus must be in 1..4096, got {args.max_gpus}")
-    sharings = [check_sharing(s) for s in comma_list(args.sharing, "--sharing", "schemes")]
+    sharings = [check_sharing(s, "--sharing") for s in comma_list(args.sharing, "--sharing", "schemes")]
     out = Path(args.out) if args.out else Path("runs") / f"plan-{Path(args.trace).stem}"
     sweep = _sweep(args, sharings, [1], [args.rate_scale], out)
     with sweep.lock():

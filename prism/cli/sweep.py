@@ -41,6 +41,10 @@ on this machine) with results identical to the process pool's; needs pip install
 One sweep at a time writes in a folder (DIR/.sweep.lock). A sweep into a folder that holds an earlier sweep
 of the same trace and settings merges with it (its runs are kept, the tables and plots cover both); one of
 other settings is refused unless --force, which removes the earlier sweep's files first.
+
+With --sharing, --gpus or --rate-scale it is a fleet sweep of a multi-model trace instead: sharing schemes x
+GPUs x rate scales (prism-sim sweep --sharing prism --help lists its flags), e.g.
+  prism-sim sweep --trace traces/multimodel.yaml --sharing static,muxserve,timeshare,prism --gpus 2,4 --rate-scale 1,2
 """ % ", ".join(METHODS)
 
 MAX_SEEDS = 1000
