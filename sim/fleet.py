@@ -220,12 +220,13 @@ class Copy:
         live = max(_used(engine), min(_used(engine) + engine.owed, engine.capacity)) - cached
         freed, seconds = False, 0.0
         for g in self.gpus:
-            before = g.memory.loadable_pages  # a block back in the buffer is room for weights as well
+            # fewer blocks in use is room for others (loadable pages: all but weights and blocks in use)
+            before = g.memory.kv_pages(self.model.name)
             try:
                 seconds = max(seconds, g.memory.use(self.model.name, live, cached))
             except MemoryFull as e:
                 raise RuntimeError(f"fleet memory accounting: {e}") from None
-            freed |= g.memory.loadable_pages > before
+            freed |= g.memory.kv_pages(self.model.name) < before
         if freed:
             for g in self.gpus:
                 g.notify()

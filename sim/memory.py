@@ -161,7 +161,8 @@ class GpuMemory:
 
     @property
     def loadable_pages(self) -> int:
-        """Pages weights may take now: the free ones and the models' buffers (unmapped first when needed)."""
+        """Pages weights may take now: the free ones and the models' buffers (unmapped first when needed), that is
+        every page but weights and blocks in use."""
         return self.free_pages + self._buffers()
 
     def weight_pages(self, model: str) -> int:
