@@ -110,8 +110,9 @@ class Engine:
     def __init__(self, env: simpy.Environment, config: EngineConfig, cost: CostModel, scheduler: Scheduler,
                  eviction: EvictionPolicy, capacity: int | None, hints: DemandHints | None = None,
                  on_finish: Callable[[Seq], None] | None = None, on_admit: Callable[[Seq], None] | None = None,
-                 events: EngineEvents | None = None, host=None) -> None:
+                 events: EngineEvents | None = None, host=None, name: str | None = None) -> None:
         self.env = env
+        self.name = name  # how observers label it where a run has several (a fleet's "MODEL on GPU g")
         self.cfg = config
         self.cost = cost
         self.scheduler = scheduler

@@ -557,7 +557,8 @@ class Fleet:
         host = copy if (m.elastic or any(g.slot is not None for g in copy.gpus)) else None
         scheduler = DeadlineOrder(copy.gpus[0].queue) if self.scheme.queue == "deadline" else None
         inst = Instance(0, self.env, m.spec, lambda seq, c=copy: self._finished(c, seq), events=self.events,
-                        host=host, on_admit=copy.admitted, scheduler=scheduler, capacity=m.pool_tokens)
+                        host=host, on_admit=copy.admitted, scheduler=scheduler, capacity=m.pool_tokens,
+                        name=f"{m.name} on GPU {copy.gpu_label}")
         copy.instance, copy.engine = inst, inst.engine
         if m.elastic:
             inst.engine.capacity = inst.engine.cache.capacity = 0  # refreshed from its pools before each iteration

@@ -33,10 +33,12 @@ class Instance:
 
     def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, on_finish: Callable[[Seq], None],
                  track_prefill: bool = False, events: EngineEvents | None = None, host=None,
-                 on_admit: Callable[[Seq], None] | None = None, scheduler=None, capacity: int | None = None) -> None:
+                 on_admit: Callable[[Seq], None] | None = None, scheduler=None, capacity: int | None = None,
+                 name: str | None = None) -> None:
         """``host``: the shared GPU the engine runs on (``sim/fleet.py``); ``on_admit``: told of each admission;
         ``scheduler``: the engine's scheduler in place of the method's (a fleet's per-GPU queue order);
-        ``capacity``: its KV pool, where the fleet sets it (default: the run's, checked against its trace)."""
+        ``capacity``: its KV pool, where the fleet sets it (default: the run's, checked against its trace);
+        ``name``: its engine's label for observers (a timeline's track)."""
         self.index = index
         profile = spec.profile_of(index)
         self.profile = profile.name
@@ -49,7 +51,8 @@ class Instance:
         self._on_admit = on_admit
         admit = self._admitted if track_prefill or on_admit is not None else None
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
-                             self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host)
+                             self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host,
+                             name=name)
         self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s)
                       if self.policies.front_end is not None else None)
         self.entry = self.front or self.engine

@@ -8,7 +8,8 @@ iteration, request and counter of a run through :class:`~prism.timeline.Timeline
 It only reads the engine (its clock, queue, running batch, cache sizes and counters) at the moments the
 engine reports; it never changes state, so a run with a timeline serves exactly as one without. Each engine
 is one process of the trace, numbered in the order the run builds its instances (``attached``); a cluster's
-requests are drawn under the instance that served them. KV counters come from the engine's own accounting:
+requests are drawn under the instance that served them, a fleet's under the model's copy that served them
+("MODEL on GPU g": a migrated model has one process per copy). KV counters come from the engine's own accounting:
 ``free`` is :meth:`~prism.sim.engine.Engine.free`, ``cached`` the tree's evictable (unlocked) tokens, and
 ``in use`` the rest of the capacity (locked prefixes, partial pages, prefill chunks under way, decode KV).
 
@@ -64,7 +65,7 @@ class SimTimeline(EngineEvents):
     def attached(self, eng) -> None:
         pid = len(self.engines) + 1
         self.engines[id(eng)] = _EngineTrack(pid)
-        name = f"instance {pid - 1}" if self.instances > 1 else "engine"
+        name = eng.name or (f"instance {pid - 1}" if self.instances > 1 else "engine")
         self.w.process(pid, f"{name} ({self.spec.label}, sim)", pid)
         self.w.thread(pid, ENGINE_TID, "iterations", 0)
 

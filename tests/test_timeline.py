@@ -105,6 +105,35 @@ def test_a_cluster_draws_one_process_per_instance(tmp_path):
             assert e["pid"] - 1 == served[int(e["args"]["name"].split()[1])]
 
 
+def test_a_fleet_draws_one_process_per_copy_of_a_model(tmp_path):
+    """Several models time-sharing one GPU: each copy (a model's engine between its load and its eviction) is a
+    process named after its model and GPU, each request drawn under the copy that served it; spans still tile
+    TTFT, and the run serves as it does without a timeline."""
+    trace = tmp_path / "mm.yaml"
+    trace.write_text("kind: multi_model\nseed: 3\nduration_s: 120\nqps: 1.5\nmodels:\n"
+                     "  - {name: a, profile: llama-3.2-1b}\n  - {name: b, profile: qwen2.5-1.5b}\n"
+                     "  - {name: c, profile: llama-3.2-3b}\n")
+    fleet = ["--trace", str(trace), "--gpus", "1", "--sharing", "timeshare", "--no-progress"]
+    assert sim_main([*fleet, "--out", str(tmp_path / "plain")]) == 0
+    assert sim_main([*fleet, "--out", str(tmp_path / "tl"), "--timeline"]) == 0
+    out = tmp_path / "tl"
+    assert (out / "requests.csv").read_bytes() == (tmp_path / "plain" / "requests.csv").read_bytes()
+    with (out / "requests.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    obj = load(out / "timeline.json")
+    assert check_ttft_parts(obj, rows) == len(rows) > 0
+    procs = {e["pid"]: e["args"]["name"] for e in obj["traceEvents"] if e["name"] == "process_name"}
+    swaps = json.loads((out / "summary.json").read_text())["fleet"]["activations"]
+    assert len(procs) == 1 + swaps > 3  # one process per copy: the model active at start, one per swap-in
+    served = {int(r["id"]): f"{r['model']} on GPU {r['gpu']} " for r in rows}
+    drawn = 0
+    for e in obj["traceEvents"]:
+        if e["name"] == "thread_name" and e["args"]["name"].startswith("request "):
+            assert procs[e["pid"]].startswith(served[int(e["args"]["name"].split()[1])])
+            drawn += 1
+    assert drawn == len(rows)
+
+
 def test_the_observer_changes_nothing_and_its_file_is_deterministic(tmp_path):
     base = tmp_path / "plain"
     assert sim_main([*SMALL, "--method", "sglang", "--set", "engine.max_total_tokens=32768", "--out", str(base)]) == 0
