@@ -201,7 +201,7 @@ class Copy:
         if excess > 0 and engine.cache.evictable_size:
             engine.drop_cached(excess)
             self.settle(engine)
-        reach = min(sum(g.memory.used_tokens(name)) + g.memory.room_tokens(name) for g in self.gpus)
+        reach = min(g.memory.reach_tokens(name) for g in self.gpus)
         capacity = max(_used(engine), reach)
         if self.squeezed:
             engine.batch_is_full = True

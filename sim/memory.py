@@ -196,13 +196,18 @@ class GpuMemory:
         r = self._get(model)
         return max(0, r.live + r.cached - r.layout.tokens(r.target))
 
-    def room_tokens(self, model: str) -> int:
-        """Tokens the model may add now: the free end of its last block, its buffer, and fresh blocks from free
-        pages, up to its limit."""
+    def reach_tokens(self, model: str) -> int:
+        """Tokens the model may hold now: its blocks in use, its buffer and fresh blocks from free pages, up to
+        its limit (an elastic engine's capacity)."""
         r = self._get(model)
         fresh = self.free_pages // r.layout.pages_per_block
-        blocks = min(r.limit - r.blocks, r.buffer + fresh)
-        return r.layout.tokens(r.blocks + blocks) - r.live - r.cached
+        return r.layout.tokens(r.blocks + min(r.limit - r.blocks, r.buffer + fresh))
+
+    def room_tokens(self, model: str) -> int:
+        """Tokens the model may add now: its reach beyond what it holds (the free end of its last block
+        included)."""
+        r = self._get(model)
+        return self.reach_tokens(model) - r.live - r.cached
 
     def can_load(self, weight_bytes: float, extra_bytes: float = 0.0) -> bool:
         """Whether weights fit now, counting the other models' buffers (unmapped first when needed)."""
