@@ -131,14 +131,16 @@ def finished_summary(task: FleetTask) -> dict[str, Any] | None:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and 95% CI half-width (Student t) per (scheme, GPUs, rate scale) over seeds."""
+    """Mean and 95% CI half-width (Student t) per (scheme, GPUs, rate scale) over seeds, in that order."""
     from scipy.special import stdtrit
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["sharing"], int(r["gpus"]), float(r["rate_scale"])), []).append(r)
+    schemes = list(dict.fromkeys(k[0] for k in groups))  # in the sweep's order, then by GPUs and rate scale
     out = []
-    for (sharing, gpus, scale), rs in groups.items():
+    for sharing, gpus, scale in sorted(groups, key=lambda k: (schemes.index(k[0]), k[1], k[2])):
+        rs = groups[(sharing, gpus, scale)]
         agg: dict[str, Any] = {"series": f"{sharing}-g{gpus}", "sharing": sharing, "gpus": gpus, "rate_scale": scale,
                                "seeds": len(rs), "feasible": min(int(r["feasible"]) for r in rs)}
         for m in AGG_METRICS:
