@@ -50,20 +50,30 @@ class Policy:
 
 IN_ENGINE = "in_engine"
 FRONT_END = "front_end"
+#: what an admission front end holds: each window's arrivals (all released when it closes), or the backlog
+#: (requests wait in its pending set while the backend is full; each window releases what the backend has room
+#: for, an arrival that finds room and nothing held goes at once)
+ARRIVALS, BACKLOG = "arrivals", "backlog"
+FRONT_END_HOLDS = (ARRIVALS, BACKLOG)
 
 
 @dataclass(frozen=True)
 class Deployment:
     """How a scheduler meets the engine: ``in_engine`` (it orders the engine's waiting queue at every
-    scheduling round), or ``front_end`` (it orders each window of ``window_s`` seconds of arrivals, which then
-    reach an unmodified engine with a stock server's scheduler)."""
+    scheduling round), or ``front_end`` (a round every ``window_s`` seconds before an unmodified engine with a
+    stock server's scheduler, over what the front end ``holds``: the window's arrivals, or the backlog)."""
 
     mode: str = IN_ENGINE
     window_s: float = 0.0
+    holds: str = ARRIVALS
 
     @property
     def front_end(self) -> bool:
         return self.mode == FRONT_END
+
+    @property
+    def holds_backlog(self) -> bool:
+        return self.front_end and self.holds == BACKLOG
 
 
 @runtime_checkable
@@ -278,6 +288,6 @@ class EvictionPolicy(Policy):
         return tier_of(node)
 
 
-__all__ = ["Policy", "Deployment", "IN_ENGINE", "FRONT_END", "PrefixIndex", "ResidentIndex", "WaitingRequest",
+__all__ = ["Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS", "PrefixIndex", "ResidentIndex", "WaitingRequest",
            "NodeView", "DemandHints", "SchedContext", "Plan", "DEFAULT_LANE", "Scheduler", "EvictionPolicy", "tier_of",
            "SYS", "REUSE", "PRIV"]

@@ -49,14 +49,16 @@ after round, on random queues. A change to QAS's definition is made here first, 
 from __future__ import annotations
 
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from prism.config import nonneg, positive
+from prism.config import choice, nonneg, positive
 from prism.core import PRIV, REUSE
 from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
-from prism.policies.base import FRONT_END, Deployment, DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import (BACKLOG, FRONT_END, FRONT_END_HOLDS, Deployment, DemandHints, Plan, SchedContext,
+                                 Scheduler, WaitingRequest)
 
 
 @dataclass
@@ -69,9 +71,16 @@ class QASConfig:
     alpha_size: float = nonneg(1.0, "bucket score weight of the bucket's size")
     beta_util: float = nonneg(0.5, "bucket score weight of the bucket's utility U(b)")
     q_cold: int = nonneg(2, "oldest waiting requests in the FIFO cold lane")
+    buckets: bool = dataclasses.field(default=True, metadata={
+        "doc": "order the hot lane by bucket (false: one bucket, the hot lane in FIFO order; the ablation of "
+               "buckets and lanes)"})
     window_s: float = nonneg(0.05, "> 0: QAS runs as an admission front end, one round per window of this many "
                                    "seconds (the paper's deployment); 0: a round per scheduler iteration, inside "
                                    "the engine")
+    front_end: str = choice(BACKLOG, FRONT_END_HOLDS, "what the front end holds (window_s > 0): backlog (requests "
+                            "wait in its pending set while the backend is full; each window releases what the "
+                            "backend has room for) or arrivals (each window's arrivals, all released when it "
+                            "closes)")
     max_wait_s: float = positive(2.0, "in-engine mode: a request waiting longer is served first, FIFO (the "
                                       "starvation bound)")
 
@@ -106,8 +115,9 @@ class QAS(Scheduler):
 
     @classmethod
     def deployment(cls, knobs: QASConfig) -> Deployment:
-        """``window_s`` > 0: an admission front end (the paper's deployment); 0: inside the engine."""
-        return Deployment(FRONT_END, knobs.window_s) if knobs.window_s > 0 else Deployment()
+        """``window_s`` > 0: an admission front end (the paper's deployment) that holds ``front_end``; 0:
+        inside the engine."""
+        return Deployment(FRONT_END, knobs.window_s, knobs.front_end) if knobs.window_s > 0 else Deployment()
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
@@ -157,7 +167,10 @@ class QAS(Scheduler):
     def buckets(self, waiting: Sequence[WaitingRequest], aligned: dict[int, tuple[str, ...]],
                 priority: dict[str, float]) -> list[list[WaitingRequest]]:
         """Step 2: requests with equal signatures — their top-``kappa`` segments, in aligned order — share a
-        bucket; buckets in the age order of their oldest requests, FIFO inside."""
+        bucket; buckets in the age order of their oldest requests, FIFO inside (``buckets`` off: one bucket of
+        all, FIFO)."""
+        if not self.config.buckets:
+            return [sorted(waiting, key=age)]
         out: dict[tuple[str, ...], list[WaitingRequest]] = {}
         for r in sorted(waiting, key=age):
             top = set(self.rank(reusable(r), priority)[:self.config.kappa])

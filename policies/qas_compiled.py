@@ -165,7 +165,7 @@ class CompiledQAS(QAS):
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = cfg = config or QASConfig()
         self.params = Params(cfg.w_a, cfg.w_n, cfg.w_g, cfg.f_front, cfg.kappa, cfg.alpha_size, cfg.beta_util,
-                             cfg.q_cold)
+                             cfg.q_cold, cfg.buckets)
         self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
         self.table = RequestTable()
         self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index

@@ -32,7 +32,7 @@ class Instance:
     """Instance ``index`` of ``spec``'s run, on the clock ``env``; ``on_finish`` sees each finished request."""
 
     def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, on_finish: Callable[[Seq], None],
-                 track_prefill: bool = False, events: EngineEvents | None = None) -> None:
+                 track_prefill: bool = False, events: EngineEvents | None = None, routed: bool = False) -> None:
         self.index = index
         profile = spec.profile_of(index)
         self.profile = profile.name
@@ -43,7 +43,8 @@ class Instance:
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
                              self.capacity, self.policies.hints, on_finish,
                              on_admit=self._admitted if track_prefill else None, events=events)
-        self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s)
+        self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
+                               spec.backlog_limit(routed))
                       if self.policies.front_end is not None else None)
         self.entry = self.front or self.engine
         self.queued_prefill_tokens = 0
@@ -57,7 +58,7 @@ class Instance:
 
     @property
     def queued(self) -> int:
-        return len(self.engine.waiting) + (len(self.front.buffer) if self.front is not None else 0)
+        return len(self.engine.waiting) + (self.front.held if self.front is not None else 0)
 
     def match_len(self, key: bytes) -> int:
         """A peek of the cache, remembered for the last key (a router asks each instance once per request,
