@@ -249,3 +249,183 @@ def test_a_request_joins_the_window_of_its_send_time_not_of_its_receipt():
     assert sorted(r.rid for r in got) == sorted([reqs[0].rid, reqs[1].rid]) and front.held() == 2
     front.release(11.1, sglang_cache(policies.eviction), got.append)  # 10.6 + 0.5: the second window
     assert len(got) == 4 and counters["frontend_windows"] == 2
+
+
+# ------------------------------------------------------------------ holding the backlog
+BACKLOG = Deployment("front_end", WINDOW, "backlog")
+
+
+class _Backend(_Recorder):
+    """An engine that holds each request it receives for a scripted time (``service[id]``): what a backlog
+    front end counts against its bound (``active`` and ``waiting``, as the simulator's engine keeps them)."""
+
+    def __init__(self, env, cache, hints, service) -> None:
+        super().__init__(env, cache, hints)
+        self.waiting: list[Seq] = []
+        self.service = service
+
+    def submit(self, seq: Seq) -> None:
+        super().submit(seq)
+        self.waiting.append(seq)
+        self.env.process(self._leave(seq))
+
+    def _leave(self, seq: Seq):
+        yield self.env.timeout(self.service[seq.id])
+        self.waiting.remove(seq)
+
+
+def _backlog_runs(seed: int):
+    """The simulator's and the live backlog front end over the same arrivals, room and cache: [(release time,
+    id, prompt bytes, lane, realigned)] each, both published P̂, and the counters. The live one is checked at
+    every deadline it keeps (as an idle scheduler does) and told the room the scripted backend has then."""
+    rng = random.Random(seed)
+    reqs = trace(rng, rng.randint(6, 24))
+    t = 0.0
+    for r in reqs:  # bursts: the backend fills up and requests are held for a few windows
+        t += rng.expovariate(1 / 0.003)
+        r.arrival = t
+    limit = rng.randint(1, 10)
+    service = {r.id: rng.uniform(0.005, 0.08) for r in reqs}
+    sim_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
+    live_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
+    sim_cache = RadixCache(None, 1, anchors=True)
+    live_cache = sglang_cache(live_pol.eviction)
+    _fill(rng, reqs, live_cache, sim_cache)
+
+    env = simpy.Environment()
+    engine = _Backend(env, sim_cache, sim_pol.hints, service)
+    front = FrontEnd(env, engine, sim_pol.front_end, WINDOW, limit)
+
+    def feed():
+        for r in reqs:
+            yield env.timeout(r.arrival - env.now)
+            front.submit(Seq(r))
+
+    env.process(feed())
+    env.run(until=t + 100 * WINDOW)
+    assert front.held == 0
+    sim = [(round(when, 9), seq.id, seq.key, seq.lane, seq.realigned) for when, seq in engine.got]
+
+    counters: Counter = Counter()
+    live_front = LiveFrontEnd(live_pol.front_end, WINDOW, live_pol.hints, counters, limit)
+    sent: list[tuple[float, object]] = []
+    clock = [0.0]
+
+    def in_backend(now: float) -> int:
+        return sum(when <= now < when + service[req._prism.id] for when, req in sent)
+
+    def submit(req) -> None:
+        sent.append((clock[0], req))
+
+    def release_until(now: float) -> None:
+        while live_front.due(now) and live_front.deadline <= now:
+            clock[0] = live_front.deadline
+            live_front.release(clock[0], live_cache, submit, in_backend=in_backend(clock[0]))
+
+    for r in reqs:
+        release_until(r.arrival)
+        clock[0] = r.arrival
+        assert live_front.hold(sglang_req(r), False, r.arrival, live_cache, submit, in_backend(r.arrival))
+    release_until(t + 100 * WINDOW)
+    assert live_front.held() == 0
+    live = [(round(when, 9), req._prism.id, bytes(np.frombuffer(req.origin_input_ids, dtype=np.int64)
+                                                   .astype(np.int32)), req._prism.lane, req._prism.realigned)
+            for when, req in sent]
+    return sim, live, dict(sim_pol.hints.priority), dict(live_pol.hints.priority), front.counters, counters
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_live_backlog_front_end_releases_as_the_simulators(seed):
+    sim, live, p_sim, p_live, c_sim, c_live = _backlog_runs(seed)
+    assert live == sim
+    assert p_live == pytest.approx(p_sim)
+    assert c_live == c_sim
+
+
+def test_the_backlog_differential_is_not_trivial():
+    """The runs above hold requests for several windows, release several at once, some ahead of older held
+    requests (QAS's order, not the arrival order), and send others at once."""
+    runs = [_backlog_runs(seed) for seed in range(25)]
+    assert sum(c["frontend_held"] >= 3 and c["frontend_passed"] >= 1 for *_, c in runs) >= 10
+    multi = overtaking = 0
+    for sim, *_ in runs:
+        when_of = {rid: when for when, rid, *_ in sim}  # ids grow with arrival times
+        by_time: dict[float, list[int]] = {}
+        for when, rid, *_ in sim:
+            by_time.setdefault(when, []).append(rid)
+        multi += sum(len(ids) >= 2 for ids in by_time.values())
+        overtaking += sum(any(when_of[o] > when for o in range(max(ids))) for when, ids in by_time.items())
+    assert multi >= 20 and overtaking >= 10
+
+
+class _Batch:
+    def __init__(self, reqs, extend: bool) -> None:
+        self.reqs = reqs
+        self.forward_mode = SimpleNamespace(is_extend=lambda: extend)
+
+
+class _Finished:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def finished(self) -> bool:
+        return self.done
+
+
+def test_in_sglang_counts_every_unfinished_request_once():
+    from prism.live.frontend import in_sglang
+
+    a, b, c, d, e = (_Finished(x) for x in (False, True, False, False, False))
+    running = _Batch([a, b], extend=False)
+    last = _Batch([c, d], extend=True)  # not merged into the running batch yet; d is the chunked request
+    sched = SimpleNamespace(running_batch=running, last_batch=last, chunked_req=d, waiting_queue=[e, object()])
+    assert in_sglang(sched) == 1 + 2 + 2  # a; c, d (once); the queue
+    sched.last_batch = running  # a decode batch that is the running batch: counted once
+    assert in_sglang(sched) == 1 + 1 + 2  # a; d (chunked); the queue
+    sched.last_batch, sched.chunked_req = _Batch([c], extend=False), None  # a decode batch: merged already
+    assert in_sglang(sched) == 1 + 2
+
+
+def test_hooks_pass_arrivals_while_sglang_has_room_then_hold_the_backlog(monkeypatch):
+    saved = hooks._state
+    state = hooks.LiveState(hooks.PluginConfig("qas", "dart", dilation=10.0, backlog_limit=2,
+                                               deployment={"mode": "front_end", "window_s": WINDOW,
+                                                           "holds": "backlog"}))
+    state.cache = sglang_cache(state.eviction)
+    hooks._state = state
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: clock.now,
+                                                       perf_counter=hooks.time.perf_counter))
+    try:
+        sched = _bare_scheduler()
+        sched.running_batch, sched.last_batch, sched.chunked_req = _Batch([], extend=False), None, None
+        add = Scheduler._add_request_to_queue
+        live = [sglang_req(r) for r in trace(random.Random(8), 5)]
+        hooks.around_add_to_queue(add, sched, live[0])  # room for two: straight to SGLang's queue
+        clock.now = 100.1
+        hooks.around_add_to_queue(add, sched, live[1])
+        assert sched.waiting_queue == live[:2] and state.front.held() == 0
+        for i, req in enumerate(live[2:]):  # SGLang holds two: the rest wait, the first opens a window
+            clock.now = 100.2 + 0.1 * i
+            hooks.around_add_to_queue(add, sched, req)
+        assert sched.waiting_queue == live[:2] and state.front.held() == 3
+
+        def next_batch(sched_, **kwargs):
+            return list(sched_.waiting_queue)
+
+        clock.now = 100.65  # the window (0.5 s real) closes at 100.7: nothing yet
+        assert len(hooks.around_next_batch(next_batch, sched)) == 2
+        sched.running_batch = _Batch([sched.waiting_queue.pop(0), sched.waiting_queue.pop(0)], extend=False)
+        clock.now = 100.75  # closed, but SGLang still holds two (running): nothing goes
+        assert hooks.around_next_batch(next_batch, sched) == [] and state.front.held() == 3
+        sched.running_batch.reqs[0].finished_reason = "done"  # one finished: room for one
+        clock.now = 101.25  # the next window closed at 101.2
+        queue = hooks.around_next_batch(next_batch, sched)
+        assert len(queue) == 1 and state.front.held() == 2
+        c = state.counters
+        assert c["frontend_passed"] == 2 and c["frontend_held"] == 3 and c["frontend_windows"] == 1
+        assert state.snapshot()["qas_rounds"] == 3
+        assert queue[0]._prism.lane == "cold" and queue[0] is live[2]  # the oldest held: the cold lane
+    finally:
+        hooks._state = saved
