@@ -81,8 +81,14 @@ class QASConfig:
                             "wait in its pending set while the backend is full; each window releases what the "
                             "backend has room for) or arrivals (each window's arrivals, all released when it "
                             "closes)")
-    max_wait_s: float = positive(2.0, "in-engine mode: a request waiting longer is served first, FIFO (the "
-                                      "starvation bound)")
+    max_wait_s: float = positive(2.0, "in-engine mode and a front end that holds the backlog: a request waiting "
+                                      "longer is served first, FIFO (the starvation bound)")
+
+    @property
+    def replans_backlog(self) -> bool:
+        """Whether a round plans requests that earlier rounds left waiting (in the engine, or as a front end
+        that holds the backlog), which is where the starvation bound applies."""
+        return self.window_s == 0 or self.front_end == BACKLOG
 
 
 def shared(r: WaitingRequest) -> list[str]:
@@ -129,7 +135,7 @@ class QAS(Scheduler):
         buckets = self.buckets(waiting, aligned, base)  # step 2
         scores = [self.score(members, base, ctx.batch_hint or len(waiting)) for members in buckets]  # step 3
         order, lanes = self.lanes(waiting, buckets, scores)  # step 4
-        if self.config.window_s == 0:
+        if self.config.replans_backlog:
             order, lanes = self.aged_first(order, lanes, ctx.now)
         self._round = (order, base)
         self.counters[QAS_ROUNDS] += 1
@@ -197,7 +203,8 @@ class QAS(Scheduler):
         return order, dict.fromkeys(cold_ids, "cold")
 
     def aged_first(self, order: list, lanes: dict[int, str], now: float) -> tuple[list, dict[int, str]]:
-        """In the engine: requests waiting longer than ``max_wait_s`` go first, oldest first (lane ``aged``)."""
+        """Re-planning a backlog: requests waiting longer than ``max_wait_s`` go first, oldest first (lane
+        ``aged``)."""
         aged = sorted((r for r in order if now - r.arrival > self.config.max_wait_s), key=age)
         if not aged:
             return order, lanes

@@ -232,7 +232,7 @@ class CompiledQAS(QAS):
         rnd = plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
                          self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting))
         positions, aged = rnd.order, rnd.order[:0]
-        if cfg.window_s == 0:  # in-engine: the starvation bound
+        if cfg.replans_backlog:  # the starvation bound
             positions, aged = self._aged_first(positions, ctx.now - table.arrival[queued[positions]], age)
         order = [waiting[p] for p in positions.tolist()]
         self._planned = _Planned(order, queued[positions], rnd.base)

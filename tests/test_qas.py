@@ -110,8 +110,12 @@ def test_in_engine_starvation_bound_serves_aged_requests_first(impl):
     later = SchedContext(7.0, NoCache(), (), hints, batch_hint=2)  # now R1-R4 have: FIFO ahead of R5's bucket
     plan = impl(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later)
     assert [r.id for r in plan.order] == [1, 2, 3, 4, 5] and dict(plan.lanes) == dict.fromkeys([1, 2, 3, 4], "aged")
-    # without the bound (or as a front end, whose window bounds the wait) the worked example's order stands
-    assert [r.id for r in impl(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
+    # a front end that holds the backlog re-plans it too: the same bound
+    backlog = impl(QASConfig(max_wait_s=2.5, front_end="backlog")).plan(waiting, later)
+    assert [r.id for r in backlog.order] == [1, 2, 3, 4, 5] and backlog.lane(3) == "aged"
+    # without the bound (a front end of arrivals, whose window bounds the wait) the worked example's order stands
+    assert [r.id for r in impl(QASConfig(max_wait_s=2.5, front_end="arrivals")).plan(waiting, later).order] == [
+        1, 2, 5, 3, 4]
 
 
 skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=5, unique=True).map(tuple),
@@ -124,20 +128,21 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
        f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
        active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)),
        engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
-       finish=st.lists(st.booleans(), min_size=100, max_size=100), in_engine=st.booleans(),
+       finish=st.lists(st.booleans(), min_size=100, max_size=100),
+       mode=st.sampled_from(["in-engine", "arrivals", "backlog"]),
        clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans())
 def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
-                                              in_engine, clock, buckets):
+                                              mode, clock, buckets):
     """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
-    inside the engine, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
+    re-planning a backlog, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
     published priorities and the segments whose priority fell, round after round. The queue is kept either
     as an engine keeps it (the plan's order minus the admitted head, then new arrivals) or in arrival order;
     arrival times either grow with the id or come in any order. Admitted requests join a(r) as an engine's do
     (``hints.admit``) and some finish between rounds (``hints.release``): the compiled a(r), kept from the
     changes, must be what the definition reads afresh from ``hints.active`` each round. With ``buckets`` off
     both keep one bucket of the whole queue."""
-    cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if in_engine else 0.05, max_wait_s=1.5,
-                    buckets=buckets)
+    cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if mode == "in-engine" else 0.05,
+                    max_wait_s=1.5, buckets=buckets, front_end="arrivals" if mode == "arrivals" else "backlog")
     fast, plain = CompiledQAS(cfg), QAS(cfg)
     hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
     waiting: list[Req] = []
