@@ -26,16 +26,35 @@ from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runti
 from prism.core import PRIV, REUSE, SYS, Segment
 
 
+@dataclass(frozen=True)
+class Part:
+    """One part of a policy and the settings that switch it off, for an ablation (``prism-sim sweep --ablate``):
+    ``knobs`` (section -> knob values) set on the policy's run, or the policy ``replaced`` by another one."""
+
+    name: str
+    doc: str
+    knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    replaced: str | None = None
+
+
 class Policy:
     """What the registry reads of a policy class.
 
     ``name``: the name runs use (``--scheduler NAME``, ``--eviction NAME``, ``--router NAME``); ``Knobs``: its
     knob dataclass (None: no knobs), filled from the YAML / ``--set`` section ``section`` (default: the name;
-    DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run."""
+    DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run. For an ablation: ``parts``, what
+    the policy adds, each switched off by its settings, and :meth:`base`, the policy it adds them to."""
 
     name = ""
     Knobs: type | None = None
     section: str | None = None
+    parts: tuple[Part, ...] = ()
+
+    @classmethod
+    def base(cls, knobs: Any) -> str:
+        """The registered policy a method with this policy is measured against, its *base engine*'s (with
+        these knobs); the policy itself by default (it adds nothing to measure)."""
+        return cls.name
 
     @classmethod
     def knob_section(cls) -> str | None:
@@ -288,6 +307,6 @@ class EvictionPolicy(Policy):
         return tier_of(node)
 
 
-__all__ = ["Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS", "PrefixIndex", "ResidentIndex", "WaitingRequest",
+__all__ = ["Part", "Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS", "PrefixIndex", "ResidentIndex", "WaitingRequest",
            "NodeView", "DemandHints", "SchedContext", "Plan", "DEFAULT_LANE", "Scheduler", "EvictionPolicy", "tier_of",
            "SYS", "REUSE", "PRIV"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from prism.config import nonneg
 from prism.core import PRIV
 
-from prism.policies.base import DemandHints, EvictionPolicy, NodeView, ResidentIndex
+from prism.policies.base import DemandHints, EvictionPolicy, NodeView, Part, ResidentIndex
 
 
 @dataclass
@@ -48,6 +48,14 @@ class DART(EvictionPolicy):
     name = "dart"
     Knobs = DARTConfig
     needs_anchors = True
+    parts = (
+        Part("dart_protection", "DART's protection set F (the top-f segments by P-hat evicted last)", {"dart": {"f": 0}}),
+        Part("dart", "DART altogether (SGLang's LRU instead)", replaced="lru"),
+    )
+
+    @classmethod
+    def base(cls, knobs: DARTConfig) -> str:
+        return "lru"  # SGLang's own eviction, which DART reduces to without hints
 
     def __init__(self, config: DARTConfig | None = None, hints: DemandHints | None = None) -> None:
         super().__init__(hints)

@@ -57,8 +57,8 @@ from prism.config import choice, nonneg, positive
 from prism.core import PRIV, REUSE
 from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
-from prism.policies.base import (BACKLOG, FRONT_END, FRONT_END_HOLDS, Deployment, DemandHints, Plan, SchedContext,
-                                 Scheduler, WaitingRequest)
+from prism.policies.base import (BACKLOG, FRONT_END, FRONT_END_HOLDS, Deployment, DemandHints, Part, Plan,
+                                 SchedContext, Scheduler, WaitingRequest)
 
 
 @dataclass
@@ -109,6 +109,18 @@ def age(r: WaitingRequest) -> tuple[float, int]:
 class QAS(Scheduler):
     name = "qas"
     Knobs = QASConfig
+    parts = (
+        Part("front_alignment", "front alignment: each prompt's most demanded segments moved first",
+             {"qas": {"f_front": 0}}),
+        Part("buckets_and_lanes", "buckets and lanes: the hot lane ordered by bucket score (off: FIFO)",
+             {"qas": {"buckets": False}}),
+        Part("cold_lane", "the cold lane: the q_cold oldest first in every round", {"qas": {"q_cold": 0}}),
+    )
+
+    @classmethod
+    def base(cls, knobs: QASConfig) -> str:
+        """FCFS: the stock server QAS runs in front of (inside the engine, the order it replaces)."""
+        return "fcfs"
 
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = config or QASConfig()

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from prism.config import build
 from prism.errors import UserError
 
-from prism.policies.base import Deployment, DemandHints, EvictionPolicy, Policy, Scheduler
+from prism.policies.base import Deployment, DemandHints, EvictionPolicy, Part, Policy, Scheduler
 from prism.policies.routing import Router
 
 SCHEDULERS: dict[str, str] = {
@@ -135,6 +135,40 @@ def resolve_method(method: str | None, scheduler: str | None = None,
         return method, s, e
     preset = next((k for k, v in METHODS.items() if v == (s, e)), None)
     return (preset if preset and not method else f"{s}+{e}"), s, e
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """A method's ablation: the method, its base engine's method (what its policies add their parts to, see
+    :class:`~prism.policies.base.Policy`) and, per part, the method whose run has the part switched off (the
+    method itself, or the method with the policy the part names in place of its own) and the part's knobs."""
+
+    method: str
+    base: str
+    parts: tuple[tuple[Part, str], ...]
+
+
+def ablation(method: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> Ablation:
+    """The ablation of ``method`` with these knob sections (its policies' parts, scheduler first)."""
+    label, sched, evict = resolve_method(method)
+    configs = policy_configs(sched, evict, knobs, where)
+    parts: list[tuple[Part, str]] = []
+    bases = []
+    for table, name in ((SCHEDULERS, sched), (EVICTIONS, evict)):
+        cls = policy_class(table, name)
+        bases.append(cls.base(configs.get(cls.knob_section()) if cls.Knobs is not None else None))
+        for part in cls.parts:
+            pair = (part.replaced or sched, evict) if table is SCHEDULERS else (sched, part.replaced or evict)
+            parts.append((part, resolve_method(None, *pair)[0]))
+    if not parts:
+        raise UserError(f"method {method!r} has no parts to switch off (methods with parts: "
+                        f"{', '.join(m for m in METHODS if _has_parts(m))}, or pairs of their policies)")
+    return Ablation(label, resolve_method(None, *bases)[0], tuple(parts))
+
+
+def _has_parts(method: str) -> bool:
+    sched, evict = METHODS[method]
+    return bool(policy_class(SCHEDULERS, sched).parts or policy_class(EVICTIONS, evict).parts)
 
 
 def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | None = None,

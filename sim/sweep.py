@@ -171,7 +171,9 @@ def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
 def simulate_task(task: RunTask) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One run's simulation (in any worker: it writes nothing): its summary, with the Belady reference for
     a single engine, and its records."""
-    spec = settings_from(task.config, "sweep").resolve(task.trace, _load_trace)  # its label is task.method
+    spec = settings_from(task.config, "sweep").resolve(task.trace, _load_trace)
+    if spec.label != task.method:  # a variant of a method under a name of its own (an ablation's)
+        spec = replace(spec, label=task.method)
     res = simulate(spec, served_reference=True)
     summary = res.summary
     if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
@@ -314,16 +316,20 @@ class Sweep:
         finally:
             os.close(fd)  # releases the lock
 
+    def identity(self) -> dict[str, Any]:
+        """What a later sweep into the folder must share with this one to merge with it (``sweep.json``)."""
+        return {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
+
     def _merge_earlier(self) -> list[RunTask]:
         """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""
         where = f"--out {self.out}"
-        mine = {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
+        mine = self.identity()
         manifest = self.out / MANIFEST
         earlier: list[RunTask] = []
         if manifest.exists():
             old = read_summary(manifest)  # a JSON object, or None
-            differs = ([k for k in mine if old.get(k) != mine[k]] if old is not None and "runs" in old
-                       else ["unreadable sweep.json"])
+            differs = ([k for k in sorted(set(mine) | set(old) - {"runs"}) if old.get(k) != mine.get(k)]
+                       if old is not None and "runs" in old else ["unreadable sweep.json"])
             if differs and not self.force:
                 raise UserError(f"holds a sweep of other settings ({', '.join(differs)} differ); use another "
                                 "--out, or --force to replace it", where)
@@ -351,8 +357,7 @@ class Sweep:
 
     def _run(self, on_done: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         tasks = self.merged = self._merge_earlier()
-        write_json({"trace": self.trace, "config": self.config, "belady": self.belady,
-                    "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
+        write_json({**self.identity(), "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
         order = {t.key: i for i, t in enumerate(tasks)}
         key = lambda r: (r.get("series") or r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
         path = self.out / "summary.csv"
