@@ -45,7 +45,7 @@ from prism.counters import RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUN
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
 from prism.policies.bookkeeping import Bookkeeper
 from prism.policies.base import Deployment
-from prism.policies.registry import engine_scheduler, make_policies, policy_configs
+from prism.policies.registry import dilated, engine_scheduler, make_policies, policy_configs
 from prism.settings import RunSpec
 
 from prism.live.frontend import LiveFrontEnd, in_sglang
@@ -154,7 +154,9 @@ class LiveState:
 
     def __init__(self, config: PluginConfig) -> None:
         self.config = config
-        configs = policy_configs(config.scheduler, config.eviction, config.knobs)
+        # the policies read the scheduler's real clock: durations among their knobs are dilated as the window is
+        configs = dilated(config.scheduler, config.eviction, policy_configs(config.scheduler, config.eviction,
+                                                                            config.knobs), float(config.dilation))
         deploy = config.run_deployment
         warm = make_policies(config.scheduler, config.eviction, configs, deploy)
         prime(warm.front_end or warm.scheduler)

@@ -43,12 +43,15 @@ class Policy:
     ``name``: the name runs use (``--scheduler NAME``, ``--eviction NAME``, ``--router NAME``); ``Knobs``: its
     knob dataclass (None: no knobs), filled from the YAML / ``--set`` section ``section`` (default: the name;
     DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run. For an ablation: ``parts``, what
-    the policy adds, each switched off by its settings, and :meth:`base`, the policy it adds them to."""
+    the policy adds, each switched off by its settings, and :meth:`base`, the policy it adds them to.
+    ``clock_knobs``: the knobs that are durations on the engine's clock (a paced twin's clock runs D times
+    slower, so its plugin multiplies them by D)."""
 
     name = ""
     Knobs: type | None = None
     section: str | None = None
     parts: tuple[Part, ...] = ()
+    clock_knobs: tuple[str, ...] = ()  # knobs in seconds of the engine's clock, which a paced twin dilates
 
     @classmethod
     def base(cls, knobs: Any) -> str:
@@ -307,6 +310,7 @@ class EvictionPolicy(Policy):
         return tier_of(node)
 
 
-__all__ = ["Part", "Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS", "PrefixIndex", "ResidentIndex", "WaitingRequest",
+__all__ = ["Part", "Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS",
+           "PrefixIndex", "ResidentIndex", "WaitingRequest",
            "NodeView", "DemandHints", "SchedContext", "Plan", "DEFAULT_LANE", "Scheduler", "EvictionPolicy", "tier_of",
            "SYS", "REUSE", "PRIV"]

@@ -29,14 +29,19 @@ Choices the design leaves open, made here:
   its first ``batch_hint`` requests (the engine's free running slots; all of them when unknown);
 * requests marked ``fixed_order`` (conversation history, document blocks) are bucketed but never realigned;
 * ``window_s``: the paper's deployment, and the default (0.05 s): QAS runs as an admission front end before
-  an unmodified FCFS engine (``prism.sim.frontend``), one round per window over the requests that arrived in
-  it; 20-50 ms keeps the added delay below a prefill iteration. 0 runs a round per scheduler iteration,
-  inside the engine, which re-plans the whole backlog each time: past the knee that starves requests without
-  hot segments, so in-engine mode serves a request that has waited ``max_wait_s`` ahead of the lanes (FIFO
-  among such requests, lane ``aged``). Default 2 s, measured on zipf and zipf-shuffled at 60-80 QPS (1.2-1.8x
-  the knee), 2 seeds: without a bound P99 TTFT was 13-34 s (P50 under 2 s); 2 s brings P99 to the front
-  end's level (5-20 s) at the same hit rate; 5 s lies between. The window bounds the wait a round adds by
-  itself, so the front end needs no such limit;
+  an unmodified FCFS engine (``prism.sim.frontend``), one round per window; 20-50 ms keeps the added delay
+  below a prefill iteration. What a round plans is ``front_end``: ``backlog`` (the default, DESIGN §3's
+  reading of the paper: requests wait in the front end while the engine is full, each window releases what
+  the engine has room for from the whole pending set, an arrival that finds room goes at once) or
+  ``arrivals`` (the requests that arrived in the window, all released). 0 runs a round per scheduler
+  iteration, inside the engine. In the engine and holding the backlog, a round re-plans requests it left
+  waiting, which past the knee starves requests without hot segments; so a request that has waited
+  ``max_wait_s`` is served ahead of the lanes (FIFO among such requests, lane ``aged``). Default 2 s, measured
+  in-engine on zipf and zipf-shuffled at 60-80 QPS (1.2-1.8x the knee), 2 seeds: without a bound P99 TTFT was
+  13-34 s (P50 under 2 s); 2 s brings P99 to the window-of-arrivals front end's level (5-20 s) at the same hit
+  rate; 5 s lies between. Holding the backlog (zipf, 60-80 QPS, 3 seeds): without a bound P99 12-27 s against
+  6-13 s with it; 1 s and 2 s are alike, 5 s gives P99 8.5 s at 60 QPS. A window of arrivals bounds the wait a
+  round adds by itself and needs no such limit. The deployments side by side: the README's *Deployments*;
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
@@ -109,6 +114,7 @@ def age(r: WaitingRequest) -> tuple[float, int]:
 class QAS(Scheduler):
     name = "qas"
     Knobs = QASConfig
+    clock_knobs = ("max_wait_s",)  # window_s reaches the front end through the deployment, dilated there
     parts = (
         Part("front_alignment", "front alignment: each prompt's most demanded segments moved first",
              {"qas": {"f_front": 0}}),

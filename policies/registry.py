@@ -20,7 +20,7 @@ unless it declares another (DFS-weight reads LPM's).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from prism.config import build
@@ -180,6 +180,19 @@ def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | Non
         if cls.knob_section() not in configs:
             configs.update(_knobs(cls, knobs, where))
     return configs
+
+
+def dilated(scheduler: str, eviction: str, configs: Mapping[str, Any], dilation: float) -> dict[str, Any]:
+    """The knobs as a clock ``dilation`` times slower reads them (a paced twin's): each policy's
+    ``clock_knobs`` multiplied by ``dilation``, the other knobs as they are."""
+    out = dict(configs)
+    for table, name in ((SCHEDULERS, scheduler), (EVICTIONS, eviction)):
+        cls = policy_class(table, name)
+        section = cls.knob_section()
+        if cls.clock_knobs and section in out and dilation != 1:
+            knobs = out[section]
+            out[section] = replace(knobs, **{k: getattr(knobs, k) * dilation for k in cls.clock_knobs})
+    return out
 
 
 def deployment_of(scheduler: str, configs: Mapping[str, Any]) -> Deployment:

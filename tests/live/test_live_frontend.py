@@ -429,3 +429,31 @@ def test_hooks_pass_arrivals_while_sglang_has_room_then_hold_the_backlog(monkeyp
         assert queue[0]._prism.lane == "cold" and queue[0] is live[2]  # the oldest held: the cold lane
     finally:
         hooks._state = saved
+
+
+def test_the_starvation_bound_runs_on_the_twins_dilated_clock(monkeypatch):
+    """``qas.max_wait_s`` is a duration of the served engine's clock: the plugin of a twin dilated D times
+    waits D times as long in real seconds (as it does for the window), so a request is served first after the
+    same simulated wait."""
+    saved = hooks._state
+    try:
+        state = hooks.LiveState(hooks.PluginConfig("qas", "dart", dilation=10.0, backlog_limit=4,
+                                                   knobs={"qas": {"max_wait_s": 2.0}},
+                                                   deployment={"mode": "front_end", "window_s": WINDOW,
+                                                               "holds": "backlog"}))
+        qas = state.policies.front_end
+        assert qas.config.max_wait_s == pytest.approx(20.0) and state.front.window == pytest.approx(0.5)
+        reqs = [Seq(r) for r in trace(random.Random(2), 6)]
+        for i, s in enumerate(reqs):
+            s.arrival = float(i)  # sent a real second apart
+        ctx = hooks.SchedContext(5.0 + 19.0, state.cache, (), state.hints, batch_hint=2)  # 19-24 real seconds
+        plan = qas.plan(reqs, ctx)
+        aged = [r.id for r in plan.order if plan.lane(r.id) == "aged"]
+        assert aged == [reqs[0].id, reqs[1].id, reqs[2].id, reqs[3].id]  # over 20 real seconds: 2 undilated
+        undilated = hooks.LiveState(hooks.PluginConfig("qas", "dart", backlog_limit=4,
+                                                       knobs={"qas": {"max_wait_s": 2.0}},
+                                                       deployment={"mode": "front_end", "window_s": WINDOW,
+                                                                   "holds": "backlog"}))
+        assert undilated.policies.front_end.config.max_wait_s == 2.0
+    finally:
+        hooks._state = saved
