@@ -49,7 +49,8 @@ class DART(EvictionPolicy):
     Knobs = DARTConfig
     needs_anchors = True
     parts = (
-        Part("dart_protection", "DART's protection set F (the top-f segments by P-hat evicted last)", {"dart": {"f": 0}}),
+        Part("dart_protection", "DART's protection set F (the top-f segments by P-hat evicted last)",
+             {"dart": {"f": 0}}),
         Part("dart", "DART altogether (SGLang's LRU instead)", replaced="lru"),
     )
 

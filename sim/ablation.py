@@ -196,9 +196,9 @@ def write_ablation(out: Path, table: list[dict[str, Any]], methods: list[str], c
     parts = {}
     for m in methods:
         a = ablation(m, knobs)
-        parts[a.method] = {"base": a.base, "parts": [{"name": p.name, "what": p.doc, "series": variant_name(a.method, p),
-                                                      "method": method, "knobs": json.loads(json.dumps(p.knobs))}
-                                                     for p, method in a.parts]}
+        parts[a.method] = {"base": a.base, "parts": [
+            {"name": p.name, "what": p.doc, "series": variant_name(a.method, p), "method": method,
+             "knobs": json.loads(json.dumps(p.knobs))} for p, method in a.parts]}
     rows = [{k: (None if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k)) for k in COLUMNS}
             for r in table]
     write_json({"trace": trace, "methods": parts, "rows": rows}, out / "ablation.json")

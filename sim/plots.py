@@ -152,6 +152,9 @@ def _cdf_plot(curves: dict[str, tuple[Path, tuple[str, int]]], cdf_qps: float, p
     return save_figure(fig, path)
 
 
+ABLATION_SCALE = 1.6  # shares beyond this are written on their bars, not drawn to scale
+
+
 def plot_ablation(out: Path, table: list[dict[str, Any]]) -> list[Path]:
     """``ablation_qps<Q>.png`` per QPS of an ablation table (``sim/ablation.py``): each part's share of its
     method's hit-rate gain and P99 TTFT gain over the base engine, with 95% confidence intervals, a group of
@@ -170,9 +173,18 @@ def plot_ablation(out: Path, table: list[dict[str, Any]]) -> list[Path]:
                              dtype=float)
             ci = np.array([np.nan if r.get(f"{key}_share_ci95") is None else r[f"{key}_share_ci95"] for r in rows],
                           dtype=float)
-            ax.barh(y, np.nan_to_num(share), xerr=np.where(np.isnan(ci), 0, ci), capsize=3,
+            # a share of a gain near zero (or of a loss) can be far off scale: such bars end at the axis's edge
+            # and say their value
+            value, err = np.nan_to_num(share), np.where(np.isnan(ci), 0, ci)
+            off = np.abs(value) > ABLATION_SCALE
+            ax.barh(y, np.clip(value, -ABLATION_SCALE, ABLATION_SCALE), xerr=np.where(off, 0, err), capsize=3,
                     color=[matplotlib.colors.to_rgba(colors[r["method"]], 0.4 if r["row"] == "sum of parts" else 0.9)
                            for r in rows])
+            for yi, v, e in zip(y[off], value[off], err[off]):
+                ax.text(np.sign(v) * ABLATION_SCALE * 0.97, yi, f"{v:.2f} ± {e:.2f}", fontsize=7, va="center",
+                        ha="right" if v > 0 else "left")
+            ax.set_xlim(min(-0.2, value[~off].min(initial=0) - 0.2) if off.sum() == 0 else -ABLATION_SCALE,
+                        max(1.2, value[~off].max(initial=0) + 0.2) if off.sum() == 0 else ABLATION_SCALE)
             ax.axvline(0, color="k", lw=0.8)
             ax.axvline(1, color="k", lw=0.8, ls=":")
             ax.set_title(title, fontsize=9)

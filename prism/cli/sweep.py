@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
                                                          "turn and its base engine; report each part's share of "
                                                          "the gain (see below)")
     p.add_argument("--cdf-qps", type=float, help="QPS of the TTFT CDF plot (default: the middle QPS)")
-    p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
+    p.add_argument("--out", help="output folder (default runs/sweep-<trace>, with --ablate runs/ablate-<trace>)")
     p.add_argument("--force", action="store_true", help="replace an earlier sweep of other settings in --out "
                                                         "(default: refused; one of the same settings is merged)")
     add_no_progress_flag(p)
@@ -164,7 +164,8 @@ def main(argv: list[str]) -> int:
         raise UserError("--ablate runs one engine per run; drop --instances (or give 1)")
     seed0 = _check_runs(base, methods, instances, routers, qps[0], args.trace, where, materialized)
     seeds = [seed0 + i for i in range(args.seeds)]
-    out = Path(args.out) if args.out else Path("runs") / f"{'ablate' if args.ablate else 'sweep'}-{Path(args.trace).stem}"
+    kind = "ablate" if args.ablate else "sweep"
+    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{Path(args.trace).stem}"
     if args.ablate:
         from prism.sim.ablation import AblationSweep
 
