@@ -37,9 +37,11 @@ next window closes one window later (the simulator's cadence). Room is ``limit``
 or the server's running slots: :meth:`~prism.settings.RunSpec.backlog_limit`) less the requests SGLang holds:
 its waiting queue and the unfinished requests of its running batch, of the last prefill batch not yet merged
 into it and its chunked request (SGLang's own census of what a pause retracts, ``scheduler.py`` 5848-5869 in
-0.5.23). A release at a late check sees the finishes of the batch that delayed it, which the simulator's
-release at the deadline itself does not: the live front end may release a window's requests a little more
-fully, never earlier.
+0.5.23). The scheduler notices a deadline only at the top of a loop iteration, after the batch that delayed
+it has finished requests: each window is released as at its deadline, the simulator's model, with the room
+SGLang had then (the requests that finished since, noted by :meth:`LiveFrontEnd.left`, still held a slot) and
+QAS's clock at the deadline; a window that closed before a new arrival's send time is released before the
+arrival is considered.
 
 Cost: one plan per window, O(S) in the window's segment occurrences (QAS's bound), and one comparison per loop
 iteration; holding the backlog, also one plan per arrival that goes at once.
@@ -87,6 +89,8 @@ class LiveFrontEnd:
         self.windows: deque[tuple[float, list[LiveSeq]]] = deque()  # (deadline, held requests), oldest first
         self.backlog = Backlog(scheduler, counters) if limit is not None else None
         self.deadline = 0.0  # holding the backlog: when the open window closes (while requests are held)
+        self.left_at: list[float] = []  # holding the backlog: when requests finished, since the last event
+        self.events_until = float("-inf")  # holding the backlog: the latest arrival or deadline dealt with
         self.lag_max_s = 0.0  # windows released by an idle scheduler
         self.lag_sum_s = 0.0
         self.idle_releases = 0
@@ -111,10 +115,12 @@ class LiveFrontEnd:
         if seq is None:
             return False
         if self.backlog is not None:
+            in_backend += self._release_due(arrival, cache, submit, in_backend)  # windows that closed before it
             opens = not self.backlog.pending
-            if not self.backlog.arrive(seq, self.limit - in_backend, self._context(now, cache),
+            if not self.backlog.arrive(seq, self._room(arrival, in_backend), self._context(arrival, cache),
                                        lambda s: submit(s.req)) and opens:
                 self.deadline = arrival + self.window
+            self._dealt_with(arrival)
             return True
         if not self.windows or arrival >= self.windows[-1][0]:  # a window opens with its first arrival
             self.windows.append((arrival + self.window, []))
@@ -129,23 +135,46 @@ class LiveFrontEnd:
     def _context(self, now: float, cache: PrefixIndex | None):
         return lambda batch_hint: SchedContext(now, cache, (), self.hints, batch_hint=batch_hint)
 
+    def left(self, now: float) -> None:
+        """A request finished in SGLang at ``now`` (holding the backlog: an arrival or a deadline before it, dealt
+        with later, did not see its slot free)."""
+        if self.backlog is not None:
+            self.left_at.append(now)
+
+    def _dealt_with(self, t: float) -> None:
+        """Events up to ``t`` are dealt with: finishes before it concern none still to come."""
+        self.events_until = max(self.events_until, t)
+        self.left_at = [x for x in self.left_at if x > self.events_until]
+
+    def _room(self, at: float, in_backend: int) -> int:
+        """Free slots at ``at``: SGLang holds ``in_backend`` requests now, and held those that finished since."""
+        return self.limit - in_backend - sum(t > at for t in self.left_at)
+
+    def _release_due(self, upto: float, cache: PrefixIndex | None, submit: Callable[[object], None] | None,
+                     in_backend: int, idle: bool = False, now: float | None = None) -> int:
+        """Release the windows that closed by ``upto``, each as the simulator does at its deadline: a round at
+        that time over what had arrived by then, with the room SGLang had then. Returns the requests
+        released."""
+        n = 0
+        while self.backlog.pending and self.deadline <= upto:
+            deadline = self.deadline
+            n += self.backlog.release(self._room(deadline, in_backend + n), self._context(deadline, cache),
+                                      lambda s: submit(s.req), by=deadline)
+            self.deadline = deadline + self.window
+            self._dealt_with(deadline)
+            if now is not None:
+                self._lag(idle, now, deadline)
+        return n
+
     def release(self, now: float, cache: PrefixIndex, submit: Callable[[object], None], idle: bool = False,
                 in_backend: int = 0) -> int:
         """Release every window whose deadline has passed, oldest first: one round each, requests handed to
         ``submit`` (SGLang's enqueue) in plan order; ``idle``: the scheduler ran no batch since the deadline
-        (the lag is then measured). Holding the backlog, the window that closed releases what the backend
-        (holding ``in_backend`` requests) has room for, and the next one closes a window later. Returns the
-        number of windows released."""
-        n = 0
+        (the lag is then measured). Returns the number of windows released; holding the backlog (SGLang
+        holds ``in_backend`` requests), the number of requests released."""
         if self.backlog is not None:
-            room = self.limit - in_backend
-            while self.due(now):  # windows that closed while a batch ran: each plans what had arrived by then
-                deadline = self.deadline
-                room -= self.backlog.release(room, self._context(now, cache), lambda s: submit(s.req), by=deadline)
-                self.deadline = deadline + self.window
-                self._lag(idle, now, deadline)
-                n += 1
-            return n
+            return self._release_due(now, cache, submit, in_backend, idle, now)
+        n = 0
         while self.due(now):
             deadline, held = self.windows.popleft()
             ctx = SchedContext(now, cache, (), self.hints, batch_hint=len(held))

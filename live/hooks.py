@@ -236,6 +236,8 @@ class LiveState:
             self.front.reset()
 
     def release(self, req) -> None:
+        if self.front is not None and req.finished():  # its slot is free from now: a backlog front end notes when
+            self.front.left(time.monotonic())
         seq = getattr(req, "_prism", None)
         if seq is None or not seq.admitted:
             return

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import Counter
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from test_live_schedule import _key, _tokens, sglang_cache, sglang_req, trace  #
 from prism.core import layout, serialize  # noqa: E402
 from prism.live import hooks  # noqa: E402
 from prism.live.frontend import LiveFrontEnd  # noqa: E402
+from prism.live.requests import SENT_KEY  # noqa: E402
 from prism.policies.base import Deployment  # noqa: E402
 from prism.policies.registry import make_policies, policy_configs  # noqa: E402
 from prism.sim.engine import Seq  # noqa: E402
@@ -77,6 +79,18 @@ def _fill(rng: random.Random, reqs, live_cache, sim_cache) -> None:
             live_cache.insert(InsertParams(key=_key(tokens)))
 
 
+def _replay(env, front: FrontEnd, reqs, until: float) -> None:
+    """The simulator's front end receives each request at its arrival time, until ``until``."""
+
+    def feed():
+        for r in reqs:
+            yield env.timeout(r.arrival - env.now)
+            front.submit(Seq(r))
+
+    env.process(feed())
+    env.run(until=until)
+
+
 def _windows(seed: int):
     """(sim windows, live windows), each a list of [(id, prompt bytes, lane, realigned)], and both hints."""
     rng = random.Random(seed)
@@ -93,14 +107,7 @@ def _windows(seed: int):
     env = simpy.Environment()
     engine = _Recorder(env, sim_cache, sim_pol.hints)
     front = FrontEnd(env, engine, sim_pol.front_end, WINDOW)
-
-    def feed():
-        for r in reqs:
-            yield env.timeout(r.arrival - env.now)
-            front.submit(Seq(r))
-
-    env.process(feed())
-    env.run(until=t + 10 * WINDOW)
+    _replay(env, front, reqs, t + 10 * WINDOW)
     sim: dict[float, list] = {}
     for when, seq in engine.got:
         sim.setdefault(when, []).append((seq.id, seq.key, seq.lane, seq.realigned))
@@ -256,13 +263,14 @@ BACKLOG = Deployment("front_end", WINDOW, "backlog")
 
 
 class _Backend(_Recorder):
-    """An engine that holds each request it receives for a scripted time (``service[id]``): what a backlog
-    front end counts against its bound (``active`` and ``waiting``, as the simulator's engine keeps them)."""
+    """An engine whose loop ends a batch at each time of ``grid``: a request it receives is admitted at the
+    next batch end and leaves at the first batch end after its scripted service time (``service[id]``). What a
+    backlog front end counts against its bound: ``active`` and ``waiting``, as the simulator's engine."""
 
-    def __init__(self, env, cache, hints, service) -> None:
+    def __init__(self, env, cache, hints, service, grid) -> None:
         super().__init__(env, cache, hints)
         self.waiting: list[Seq] = []
-        self.service = service
+        self.service, self.grid = service, grid
 
     def submit(self, seq: Seq) -> None:
         super().submit(seq)
@@ -270,14 +278,26 @@ class _Backend(_Recorder):
         self.env.process(self._leave(seq))
 
     def _leave(self, seq: Seq):
-        yield self.env.timeout(self.service[seq.id])
+        yield self.env.timeout(_leaves(self.grid, self.env.now, self.service[seq.id]) - self.env.now)
         self.waiting.remove(seq)
 
 
+def _next(grid: list[float], t: float) -> float:
+    return grid[bisect.bisect_left(grid, t)]
+
+
+def _leaves(grid: list[float], sent: float, service: float) -> float:
+    """When a request sent at ``sent`` leaves: admitted at the next batch end, done at the first after that
+    plus its service."""
+    return _next(grid, _next(grid, sent) + service)
+
+
 def _backlog_runs(seed: int):
-    """The simulator's and the live backlog front end over the same arrivals, room and cache: [(release time,
-    id, prompt bytes, lane, realigned)] each, both published P̂, and the counters. The live one is checked at
-    every deadline it keeps (as an idle scheduler does) and told the room the scripted backend has then."""
+    """The simulator's and the live backlog front end over the same arrivals, cache and backend (a scripted
+    engine whose batches end on a random grid): [(batch end that admits it, id, prompt bytes, lane,
+    realigned)] each, both published P̂, and the counters. As in SGLang, the live front end sees arrivals
+    (with their send stamps) and the batch's finished requests only at the top of the loop iteration after a
+    batch, then releases the windows that closed meanwhile."""
     rng = random.Random(seed)
     reqs = trace(rng, rng.randint(6, 24))
     t = 0.0
@@ -286,6 +306,10 @@ def _backlog_runs(seed: int):
         r.arrival = t
     limit = rng.randint(1, 10)
     service = {r.id: rng.uniform(0.005, 0.08) for r in reqs}
+    grid, g = [], 0.0
+    while g < t + 200 * WINDOW:  # batch ends: mostly short batches, some longer than a window
+        g += rng.expovariate(1 / 0.01) if rng.random() < 0.85 else rng.uniform(0.05, 0.15)
+        grid.append(g)
     sim_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
     live_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
     sim_cache = RadixCache(None, 1, anchors=True)
@@ -293,44 +317,38 @@ def _backlog_runs(seed: int):
     _fill(rng, reqs, live_cache, sim_cache)
 
     env = simpy.Environment()
-    engine = _Backend(env, sim_cache, sim_pol.hints, service)
+    engine = _Backend(env, sim_cache, sim_pol.hints, service, grid)
     front = FrontEnd(env, engine, sim_pol.front_end, WINDOW, limit)
-
-    def feed():
-        for r in reqs:
-            yield env.timeout(r.arrival - env.now)
-            front.submit(Seq(r))
-
-    env.process(feed())
-    env.run(until=t + 100 * WINDOW)
+    _replay(env, front, reqs, grid[-1])
     assert front.held == 0
-    sim = [(round(when, 9), seq.id, seq.key, seq.lane, seq.realigned) for when, seq in engine.got]
+    sim = [(_next(grid, when), seq.id, seq.key, seq.lane, seq.realigned) for when, seq in engine.got]
 
     counters: Counter = Counter()
     live_front = LiveFrontEnd(live_pol.front_end, WINDOW, live_pol.hints, counters, limit)
-    sent: list[tuple[float, object]] = []
+    sent: list[tuple[float, float, object]] = []  # (batch end that admits it, when it leaves, request)
     clock = [0.0]
 
-    def in_backend(now: float) -> int:
-        return sum(when <= now < when + service[req._prism.id] for when, req in sent)
+    def in_backend() -> int:
+        return sum(leaves > clock[0] for _, leaves, _ in sent)
 
     def submit(req) -> None:
-        sent.append((clock[0], req))
+        sent.append((clock[0], _leaves(grid, clock[0], service[req._prism.id]), req))
 
-    def release_until(now: float) -> None:
-        while live_front.due(now) and live_front.deadline <= now:
-            clock[0] = live_front.deadline
-            live_front.release(clock[0], live_cache, submit, in_backend=in_backend(clock[0]))
-
-    for r in reqs:
-        release_until(r.arrival)
-        clock[0] = r.arrival
-        assert live_front.hold(sglang_req(r), False, r.arrival, live_cache, submit, in_backend(r.arrival))
-    release_until(t + 100 * WINDOW)
+    pending = list(reqs)
+    for c in grid[:-1]:  # the top of each loop iteration: finishes, then arrivals, then the closed windows
+        clock[0] = c
+        for _, leaves, _ in sent:
+            if leaves == c:
+                live_front.left(c)
+        while pending and pending[0].arrival <= c:
+            r = pending.pop(0)
+            req = sglang_req(r)
+            req.sampling_params.custom_params[SENT_KEY] = r.arrival
+            assert live_front.hold(req, False, c, live_cache, submit, in_backend())
+        live_front.release(c, live_cache, submit, in_backend=in_backend())
     assert live_front.held() == 0
-    live = [(round(when, 9), req._prism.id, bytes(np.frombuffer(req.origin_input_ids, dtype=np.int64)
-                                                   .astype(np.int32)), req._prism.lane, req._prism.realigned)
-            for when, req in sent]
+    live = [(when, req._prism.id, bytes(np.frombuffer(req.origin_input_ids, dtype=np.int64).astype(np.int32)),
+             req._prism.lane, req._prism.realigned) for when, _, req in sent]
     return sim, live, dict(sim_pol.hints.priority), dict(live_pol.hints.priority), front.counters, counters
 
 
@@ -419,13 +437,17 @@ def test_hooks_pass_arrivals_while_sglang_has_room_then_hold_the_backlog(monkeyp
         sched.running_batch = _Batch([sched.waiting_queue.pop(0), sched.waiting_queue.pop(0)], extend=False)
         clock.now = 100.75  # closed, but SGLang still holds two (running): nothing goes
         assert hooks.around_next_batch(next_batch, sched) == [] and state.front.held() == 3
-        sched.running_batch.reqs[0].finished_reason = "done"  # one finished: room for one
-        clock.now = 101.25  # the next window closed at 101.2
+        clock.now = 101.22  # one finishes after the next window closed (101.2), noticed at the batch's end
+        sched.running_batch.reqs[0].finished_reason = "done"
+        state.release(sched.running_batch.reqs[0])
+        clock.now = 101.25  # the window that closed at 101.2 had no room: still nothing goes
+        assert hooks.around_next_batch(next_batch, sched) == [] and state.front.held() == 3
+        clock.now = 101.75  # the one that closed at 101.7 has room for one
         queue = hooks.around_next_batch(next_batch, sched)
         assert len(queue) == 1 and state.front.held() == 2
         c = state.counters
         assert c["frontend_passed"] == 2 and c["frontend_held"] == 3 and c["frontend_windows"] == 1
-        assert state.snapshot()["qas_rounds"] == 3
+        assert state.snapshot()["qas_rounds"] == 3  # two passed at once, one window released
         assert queue[0]._prism.lane == "cold" and queue[0] is live[2]  # the oldest held: the cold lane
     finally:
         hooks._state = saved
