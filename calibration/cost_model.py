@@ -48,7 +48,7 @@ no time is refused at load: rates (tokens/s, the queueing model's service rate) 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -204,3 +204,23 @@ def load_profile(spec: str = DEFAULT_PROFILE, mem_fraction: float = 0.88) -> Pro
         g, m = profiles.gpu(gname), profiles.model(mname)
         cost = roofline(g, m)
     return Profile(cost, g, m, profiles.kv_capacity_tokens(g, m, mem_fraction))
+
+
+def served_profile(gpu: profiles.GPU, model: profiles.Model, tp: int = 1, mem_fraction: float = 0.88,
+                   activation_reserve_gib: float = 2.0) -> Profile:
+    """The profile of one engine of ``model`` over ``tp`` GPUs of one kind (a fleet's model, DESIGN §9).
+
+    At tp = 1 it is ``load_profile("GPU:MODEL")``'s. Over tp GPUs each does 1/tp of every matmul and reads 1/tp
+    of the weights and of the KV (SGLang's tensor parallelism), so the roofline takes tp times the GPU's FLOP/s
+    and bandwidth; the all-reduces between the GPUs are not modelled (NVLink: small against the step at the
+    batch sizes here). The KV pool is one GPU's: its memory after 1/tp of the weights, over its shard's bytes
+    per token."""
+    model.check_tp(tp)
+    if tp == 1:
+        return Profile(roofline(gpu, model), gpu, model, profiles.kv_capacity_tokens(gpu, model, mem_fraction))
+    scaled = replace(gpu, peak_flops=gpu.peak_flops * tp, hbm_bandwidth=gpu.hbm_bandwidth * tp)
+    cost = replace(roofline(scaled, model), name=f"{gpu.key}x{tp}:{model.key}")
+    free = gpu.memory_bytes * mem_fraction - model.weight_bytes(tp=tp) - activation_reserve_gib * profiles.GIB
+    if free <= 0:
+        raise UserError(f"{model.key} over {tp} GPUs does not fit on {gpu.key} at mem_fraction={mem_fraction}")
+    return Profile(cost, gpu, model, int(free // model.kv_bytes_per_token(tp=tp)))

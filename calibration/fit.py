@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
-from prism.config import read_text
+from prism.config import check_csv_header, read_text
 from prism.errors import UserError
 from prism.output import save_figure, write_csv
 
@@ -78,11 +78,7 @@ def read_measurements(path: str | Path) -> Measurements:
     px, py, dx, dy = [], [], [], []
     reader = csv.DictReader(io.StringIO(read_text(p, "measurements CSV"), newline=""))
     try:
-        if reader.fieldnames is None:
-            raise UserError("empty file", str(p))
-        missing = [c for c in REQUIRED if c not in reader.fieldnames]
-        if missing:
-            raise UserError(f"missing column {missing[0]!r} (needs {', '.join(REQUIRED)})", f"{p}:1")
+        check_csv_header(reader.fieldnames, f"{p}:1", REQUIRED)
         for row in reader:
             where = f"{p}:{reader.line_num}"
             if None in row or any(v is None for v in row.values()):

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from prism.config import comma_list
 from prism.errors import UserError
 from prism.output import write_csv
 
@@ -94,11 +95,9 @@ class Row:
 def parse_sizes(text: str, flag: str, minimum: int) -> list[int]:
     """``"128,512,2048"`` → ``[128, 512, 2048]``; a :class:`UserError` naming the flag otherwise."""
     try:
-        vals = [int(x) for x in str(text).split(",") if x.strip()]
+        vals = [int(x) for x in comma_list(str(text), flag, "integers")]
     except ValueError:
         raise UserError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise UserError(f"{flag}: expected at least one value, got {text!r}")
     bad = [v for v in vals if v < minimum]
     if bad:
         raise UserError(f"{flag}: values must be >= {minimum}, got {bad[0]}")

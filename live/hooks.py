@@ -41,7 +41,7 @@ from typing import Any
 from prism.calibration.cost_model import CostModel
 from prism.core import PRIV, REUSE, SYS, SegmentedPrompt, SegmentTable
 from prism.output import write_atomic_text
-from prism.counters import RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS, hit_tokens
+from prism.counters import EVICTED_TOKENS, RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS, TIERS, hit_tokens
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
 from prism.policies.bookkeeping import Bookkeeper
 from prism.policies.base import Deployment
@@ -122,15 +122,18 @@ class PluginConfig:
     events: str | None = None  # the per-request event log
     counters: str | None = None  # the counters, saved about twice a second
     overruns: str | None = None  # batches over their paced budget
+    iterations: bool = False  # the event log also gets every batch and retraction (a timeline's records)
     backlog_limit: int | None = None  # a front end that holds the backlog: its bound on requests in SGLang
 
     @classmethod
-    def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float) -> "PluginConfig":
-        """The plugin of a server serving ``spec`` (its files in ``folder``); ``pace``: at ``dilation``."""
+    def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float, iterations: bool = False
+           ) -> "PluginConfig":
+        """The plugin of a server serving ``spec`` (its files in ``folder``); ``pace``: at ``dilation``;
+        ``iterations``: log every batch (``--timeline``)."""
         return cls(spec.scheduler, spec.eviction, {k: asdict(v) for k, v in spec.policy_configs.items()},
                    asdict(spec.deployment), spec.profile.cost.coefficients() if pace else None,
                    dilation if pace else 1.0, str(folder / "events.jsonl"), str(folder / "counters.json"),
-                   str(folder / "overruns.jsonl"), spec.backlog_limit(spec.cluster.instances > 1))
+                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit(spec.cluster.instances > 1))
 
     @classmethod
     def read(cls, path: str | Path) -> "PluginConfig":
@@ -247,8 +250,10 @@ class LiveState:
     # ---------------------------------------------------------------- events and counters
     def log_batch(self, batch, start: float, end: float) -> None:
         """A request's prefill start (its first chunk's batch) and end (the batch that completes its prompt)
-        go to the event log; the counters file is refreshed about twice a second (read if the server dies)."""
-        if self._events is not None and batch.forward_mode.is_extend():
+        go to the event log, and with ``iterations`` every batch (:meth:`_batch_record`); the counters file
+        is refreshed about twice a second (read if the server dies)."""
+        extend = batch.forward_mode.is_extend()
+        if self._events is not None and extend:
             for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
                 seq = getattr(req, "_prism", None)
                 if seq is None or len(req.output_ids):  # a retracted request's new prefill: its first one counts
@@ -258,10 +263,49 @@ class LiveState:
                     del self._starts[seq.id]
                     self._events.write(json.dumps({"id": seq.id, "prefill_start": first, "prefill_end": end,
                                                    "lane": seq.lane, "realigned": seq.realigned}) + "\n")
+        if self._events is not None and self.config.iterations:
+            self._events.write(json.dumps(self._batch_record(batch, extend, start, end)) + "\n")
+        if self._events is not None and (extend or self.config.iterations):
             self._events.flush()
         if self.counters_path is not None and end - self._saved > 0.5:
             self.save_counters()
             self._saved = end
+
+    def _batch_record(self, batch, extend: bool, start: float, end: float) -> dict[str, Any]:
+        """One batch for a timeline (``ev: batch``): its kind, requests, new and cached (prefill) or context
+        (decode) tokens, start and end on the monotonic clock as the run dilates it (the pacer's start and
+        target end when paced), each prefill chunk ``[id, new, cached, last]`` (``last``: it completes the
+        request's prefill), and SGLang's own KV accounting then (``free``: the allocator's free tokens,
+        ``cached``: the tree's evictable ones, ``total``: the pool), the queue, and evicted tokens by tier."""
+        n = len(batch.reqs)
+        row: dict[str, Any] = {"ev": "batch", "kind": "prefill" if extend else "decode", "start": start, "end": end,
+                               "requests": n}
+        if extend:
+            row["new"], row["cached"] = int(sum(batch.extend_lens)), int(sum(batch.prefix_lens))
+            row["chunks"] = [[req._prism.id, int(ext), int(pre), pre + ext >= len(req.full_untruncated_fill_ids)]
+                             for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)
+                             if getattr(req, "_prism", None) is not None]
+        elif getattr(batch, "seq_lens_cpu", None) is not None:
+            row["context"] = int(batch.seq_lens_cpu.sum())
+        sched = self.sched
+        if sched is not None:
+            running = getattr(sched, "running_batch", None)
+            row["running"] = n if not extend else n + (len(running.reqs) if running is not None else 0)
+            row["waiting"] = len(sched.waiting_queue)
+            row["free"] = int(sched.token_to_kv_pool_allocator.available_size())
+            row["cached_kv"] = int(sched.tree_cache.evictable_size())
+            row["total"] = int(sched.max_total_num_tokens)
+        row["evicted"] = {t: self.counters[EVICTED_TOKENS[t]] for t in TIERS}
+        return row
+
+    def log_retractions(self, retracted) -> None:
+        """Requests SGLang retracted now (``ev: retract``), with the tokens each had generated."""
+        if self._events is None or not self.config.iterations:
+            return
+        seqs = [(req._prism.id, len(req.output_ids)) for req in retracted if getattr(req, "_prism", None) is not None]
+        if seqs:
+            self._events.write(json.dumps({"ev": "retract", "t": time.monotonic(), "ids": [s[0] for s in seqs],
+                                           "generated": [s[1] for s in seqs]}) + "\n")
 
     def log_overrun(self, extend: bool, batch, context: int, budget: float, forward_s: float, lead_s: float) -> None:
         """One line per batch whose real time exceeded its budget (``overruns.jsonl``): the twin was slower
@@ -438,9 +482,10 @@ def after_retract(result, batch, *args, **kwargs):
     under the simulator's names. A retracted request keeps its output, so it is never realigned again
     (:meth:`LiveSeq.movable`); the cache's ``on_release`` already took it out of the active counts."""
     retracted = result[0]
-    counters = state().counters
-    counters[RETRACTIONS] += len(retracted)
-    counters[RETRACTED_OUTPUT_TOKENS] += sum(len(r.output_ids) for r in retracted)
+    st = state()
+    st.counters[RETRACTIONS] += len(retracted)
+    st.counters[RETRACTED_OUTPUT_TOKENS] += sum(len(r.output_ids) for r in retracted)
+    st.log_retractions(retracted)
     return None
 
 

@@ -71,6 +71,8 @@ class EventLog:
                         break
                     self._pos += len(line.encode())
                     ev = json.loads(line)
+                    if "ev" in ev:  # a batch or a retraction (--timeline), not a request's line
+                        continue
                     self.by_id.setdefault(ev["id"], ev)  # a retracted request prefills again: keep the first
         return self.by_id.get(rid)
 
@@ -85,11 +87,12 @@ class ServerInstance:
 
     @classmethod
     def start(cls, index: int, spec: RunSpec, model: ServedModel, folder: Path, port: int, device: str,
-              pace: bool, dilation: float, dtype: str = "auto", python: str | None = None) -> "ServerInstance":
+              pace: bool, dilation: float, dtype: str = "auto", python: str | None = None,
+              iterations: bool = False) -> "ServerInstance":
         """Start a server of ``spec``'s run on 127.0.0.1:``port`` with the plugin (it returns at once: see
-        :meth:`wait_ready`)."""
+        :meth:`wait_ready`); ``iterations``: its event log records every batch (a timeline's)."""
         plugin = folder / "plugin.json"
-        PluginConfig.of(spec, folder, pace, dilation).write(plugin)
+        PluginConfig.of(spec, folder, pace, dilation, iterations).write(plugin)
         env = {CONFIG_ENV: str(plugin.resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0",
                **admission_env(spec.engine)}
         if device == "cpu":

@@ -88,11 +88,14 @@ def instance_spec(spec: RunSpec, i: int) -> RunSpec:
     return replace(spec, profile=spec.profile_of(i), instance_profiles=())
 
 
-def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[int], None] | None = None
-             ) -> dict[str, Any]:
+def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[int], None] | None = None,
+             timeline: Path | None = None) -> dict[str, Any]:
     """Serve ``spec`` live; write results into ``out`` as they come. Raises :class:`UserError` for bad input
-    and :class:`ReplayError` (after writing the partial results) when the run breaks off."""
+    and :class:`ReplayError` (after writing the partial results) when the run breaks off. ``timeline``: also
+    write the run's timeline there (:mod:`prism.live.timeline`, from the plugin's event log)."""
     check_method(spec, opts)
+    if timeline is not None and opts.url:
+        raise UserError("--timeline needs the servers prism starts: an attached --url server keeps no event log")
     n, routed = spec.cluster.instances, spec.cluster.instances > 1
     wall0 = time.perf_counter()
     model = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
@@ -107,6 +110,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     servers: list[ServerInstance] = []
     complete = False
     counters: list[dict | None] = []
+    t_start: float | None = None
     try:
         if opts.url:
             servers.append(ServerInstance.attach(opts.url, out))
@@ -114,7 +118,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             device = device_of(opts.device)
             for i, (s, folder) in enumerate(zip(specs, folders)):
                 servers.append(ServerInstance.start(i, s, model, folder, opts.port + i, device, opts.pace,
-                                                    opts.dilation, opts.dtype, opts.python))
+                                                    opts.dilation, opts.dtype, opts.python, timeline is not None))
         for server in servers:
             server.wait_ready(opts.startup_timeout_s)
         for server in servers:
@@ -161,11 +165,16 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
                             wall_s=time.perf_counter() - wall0, complete=complete, cluster=cluster)
             started = not opts.url
             s.update({"model": model.name, "paced": opts.pace, "dilation": dilation, "breakdown_from_server": started,
+                      "clock_zero_monotonic": t_start,  # the replay's time zero on the servers' event logs' clock
                       # SGLang's admission knobs as the servers got them; null: a --url server's own
                       "server_admission_env": admission_env(spec.engine) if started else None})
             return s
 
         summary = write_results(out, records, make_summary, cluster=routed)
+        if timeline is not None and summary:
+            from prism.live.timeline import write_live_timeline
+
+            write_live_timeline(out, timeline)
     return summary
 
 

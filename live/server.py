@@ -11,18 +11,22 @@ then SIGKILL: no orphan process survives a finished, failed or interrupted run.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Sequence
 
 from prism.errors import UserError
+from prism.interrupts import InterruptsHeld, parent_death_signal
 from prism.settings import EngineConfig
 
 #: EngineConfig field -> the environment variable of SGLang 0.5.23 (``srt/environ.py``) that sets it
@@ -63,8 +67,26 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 10.0) -> o
         return body.decode(errors="replace")
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}  # where a URL without a port connects
+
+
+def _unreachable(url: str, error: BaseException) -> str | None:
+    """Why nothing can ever answer at ``url`` (a refused connection, a host name that does not resolve), or
+    None for a failure that waiting may cure (a timeout, a server still starting that answers 503)."""
+    reason = getattr(error, "reason", error)
+    parts = urllib.parse.urlsplit(url)
+    if isinstance(reason, ConnectionRefusedError):
+        port = "" if parts.port else f" (the URL names no port: {parts.scheme}'s {DEFAULT_PORTS[parts.scheme]})"
+        return f"nothing listens at {url}{port}: connection refused"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve the host {parts.hostname!r} of {url}: {reason.strerror or reason}"
+    return None
+
+
 def wait_healthy(url: str, timeout: float, proc: "Server | None" = None) -> None:
-    """Poll ``/health`` until it answers 200; raise with the reason if the process dies or time runs out."""
+    """Poll ``/health`` until it answers 200; raise with the reason if the process dies or time runs out. A
+    server given by URL (no ``proc``) that refuses the connection, or whose host does not resolve, is one line
+    at once: nothing is starting there (a server prism starts refuses connections until it listens)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and (why := proc.dead()):
@@ -73,8 +95,9 @@ def wait_healthy(url: str, timeout: float, proc: "Server | None" = None) -> None
             with urllib.request.urlopen(f"{url}/health", timeout=2.0) as r:
                 if r.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+            if proc is None and (why := _unreachable(url, e)):
+                raise UserError(why, "--url") from None
         time.sleep(0.25)
     raise UserError(f"the server at {url} did not become healthy within {timeout:.0f} s"
                     + (f" (log: {proc.log_path})" if proc else ""))
@@ -91,16 +114,52 @@ def flush_cache(url: str, attempts: int = 20) -> None:
     raise UserError(f"the server at {url} refused /flush_cache")
 
 
+_RUNNING: set["Server"] = set()  # servers started and not yet stopped, stopped at exit whatever happened
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop(grace=2.0)
+
+
+#: a watchdog beside each server: once the process that started it is gone (its parent changes: killed by
+#: SIGKILL, which runs no code of its own), it kills the server's whole process group. The kernel's
+#: parent-death signal kills the launcher anyway, but SGLang's scheduler and detokenizer arm theirs only once
+#: their imports are done (``kill_itself_when_parent_died``, ``srt/utils/common.py``): one still importing
+#: would outlive a launcher killed meanwhile. Signals meant for prism-live (Ctrl-C at the terminal) are its.
+_WATCHDOG = """
+import os, signal, sys, time
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.2)
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+
 class Server:
-    """``python -m sglang.launch_server ARGS`` in its own process group."""
+    """``python -m sglang.launch_server ARGS`` in its own process group, which never outlives this process: it
+    is stopped by :meth:`stop` (a run's every way out), else at this interpreter's exit, and should this
+    process die without either (SIGKILL), the kernel kills the launcher and a watchdog the rest of the group."""
 
     def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path, python: str | None = None):
         self.args = list(args)
         self.log_path = log_path
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen([python or sys.executable, "-m", "sglang.launch_server", *self.args],
-                                     env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        with InterruptsHeld():  # started and known, or neither
+            self.proc = subprocess.Popen([python or sys.executable, "-m", "sglang.launch_server", *self.args],
+                                         env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=parent_death_signal())
+            _RUNNING.add(self)
+            self._watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.proc.pid)],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL)
 
     def dead(self) -> str | None:
         """Why the server is gone, or None while it runs."""
@@ -120,6 +179,11 @@ class Server:
         return lines[-1][-240:] if lines else "no output"
 
     def stop(self, grace: float = 10.0) -> None:
+        with InterruptsHeld():  # a second Ctrl-C or SIGTERM must not cut the stop short
+            self._stop(grace)
+        _RUNNING.discard(self)
+
+    def _stop(self, grace: float) -> None:
         if self.proc.poll() is None:
             for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
                 try:
@@ -136,6 +200,8 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        self._watchdog.kill()
+        self._watchdog.wait()
         self._log.close()
 
     def __enter__(self) -> "Server":

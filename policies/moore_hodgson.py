@@ -34,6 +34,8 @@ import itertools
 import math
 from typing import Hashable, Sequence
 
+from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+
 
 def moore_hodgson(deadlines: Sequence[float], prefill_s: Sequence[float], now: float = 0.0) -> list[int]:
     """Algorithm 2 on jobs given by index: the indices of S (the jobs that meet their deadlines), in deadline
@@ -61,6 +63,9 @@ class DeadlineQueue:
         self._items: dict[Hashable, tuple[float, int, float]] = {}  # key -> (deadline, arrival sequence, prefill)
         self._sorted: list[tuple[float, int, Hashable]] = []  # by (deadline, sequence)
         self._seq = itertools.count()
+        self._ranks: dict[Hashable, int] | None = None  # positions in order(), made at _ranks_at
+        self._ranks_at = -math.inf
+        self._on_time = 0  # how many of the order are in S
 
     def __len__(self) -> int:
         return len(self._items)
@@ -78,18 +83,21 @@ class DeadlineQueue:
         seq = next(self._seq)
         self._items[key] = (deadline_s, seq, prefill_s)
         bisect.insort(self._sorted, (deadline_s, seq, key))
+        self._ranks = None
 
     def remove(self, key: Hashable) -> None:
         """Take a request out (dispatched, or gone)."""
         deadline, seq, _ = self._items.pop(key)
         i = bisect.bisect_left(self._sorted, (deadline, seq))
         del self._sorted[i]
+        self._ranks = None
 
     def schedule(self, now: float) -> tuple[list[Hashable], list[Hashable]]:
         """(S: the requests that can all meet their deadlines, in dispatch order; the others, in deadline order)."""
         keys = [k for _, _, k in self._sorted]
         items = [self._items[k] for k in keys]
         kept = set(moore_hodgson([d for d, _, _ in items], [e for _, _, e in items], now))
+        self._on_time = len(kept)
         return [k for i, k in enumerate(keys) if i in kept], [k for i, k in enumerate(keys) if i not in kept]
 
     def order(self, now: float) -> list[Hashable]:
@@ -97,9 +105,42 @@ class DeadlineQueue:
         on_time, late = self.schedule(now)
         return on_time + late
 
+    def ranks(self, now: float) -> dict[Hashable, int]:
+        """Each queued request's position in :meth:`order` (remembered until the queue or ``now`` changes)."""
+        if self._ranks is None or self._ranks_at != now:
+            self._ranks = {k: i for i, k in enumerate(self.order(now))}
+            self._ranks_at = now
+        return self._ranks
+
+    def first_deadline(self, keys, now: float) -> float:
+        """The earliest deadline among ``keys`` in the on-time set S (inf if none is): the urgency of the engine
+        whose waiting requests they are."""
+        rank, on_time = self.ranks(now), self._on_time
+        best = math.inf
+        for k in keys:
+            if rank.get(k, on_time) < on_time:
+                best = min(best, self._items[k][0])
+        return best
+
 
 def prefill_seconds(prompt_tokens: int, tokens_per_s: float) -> float:
     """e = p / c: a request's prefill time at its model's chunked-prefill speed (Algorithm 2, line 4)."""
     if not tokens_per_s > 0:
         raise ValueError(f"prefill speed must be > 0 tokens/s, got {tokens_per_s!r}")
     return prompt_tokens / tokens_per_s
+
+
+class DeadlineOrder(Scheduler):
+    """An engine's scheduler behind its GPU's shared queue: the engine's waiting requests in the queue's order
+    (:meth:`DeadlineQueue.order`, the Moore-Hodgson set by deadline, then the rest); a request the queue does not
+    hold (one put back by a retraction) goes last, FIFO. The order is computed once per instant and GPU."""
+
+    def __init__(self, queue: "DeadlineQueue") -> None:
+        self.queue = queue
+
+    name = "deadline_order"  # built by the fleet for an engine behind a GPU's queue, not from the registry
+
+    def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+        rank = self.queue.ranks(ctx.now)
+        last = len(rank)
+        return Plan(sorted(waiting, key=lambda r: (rank.get(r.id, last), r.arrival, r.id)))

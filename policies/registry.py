@@ -54,6 +54,15 @@ ROUTERS: dict[str, str] = {
     "lmetric": "lmetric:LMetric",
 }
 
+#: how several models share a fleet of GPUs (``fleet.sharing``; ``policies/sharing.py``)
+SHARING: dict[str, str] = {
+    "dedicated": "sharing_dedicated:Dedicated",
+    "static": "sharing_static:Static",
+    "muxserve": "sharing_muxserve:MuxServe",
+    "timeshare": "sharing_timeshare:TimeShare",
+    "prism": "sharing_prism:PrismSharing",
+}
+
 #: method preset -> (scheduler, eviction)
 METHODS: dict[str, tuple[str, str]] = {
     "sglang": ("lpm", "lru"),
@@ -83,6 +92,29 @@ def knob_sections() -> set[str]:
 def router_sections() -> set[str]:
     """Names of the sections that may hold routing-policy knobs."""
     return set(ROUTERS)
+
+
+def sharing_sections() -> set[str]:
+    """Names of the sections that may hold a sharing scheme's knobs."""
+    return set(SHARING)
+
+
+def check_sharing(name: str) -> str:
+    if name not in SHARING:
+        raise UserError(f"unknown sharing scheme {name!r} (known: {', '.join(SHARING)})")
+    return name
+
+
+def sharing_config(name: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> dict[str, Any]:
+    """The validated knob dataclass of the scheme's section ({} for a scheme without knobs)."""
+    return _knobs(policy_class(SHARING, check_sharing(name)), knobs, where)
+
+
+def make_sharing(name: str, configs: Mapping[str, Any]):
+    """A fresh sharing scheme from validated knobs (:func:`sharing_config`)."""
+    cls = policy_class(SHARING, check_sharing(name))
+    section = cls.knob_section()
+    return cls.build(configs.get(section) if section else None, DemandHints(), ())
 
 
 def _knobs(cls: type[Policy], knobs: Mapping[str, Any] | None, where: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import stat
 import types
 import typing
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import yaml
 
@@ -57,6 +57,11 @@ def share(default: Any, doc: str = "") -> Any:
 
 def fraction(default: Any, doc: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"ge": 0, "le": 1, "doc": doc})
+
+
+def optional_path(doc: str = "") -> Any:
+    """A file or folder, or None for the default: an empty string is neither (an error, never the default)."""
+    return dataclasses.field(default=None, metadata={"nonempty": True, "doc": doc})
 
 
 def choice(default: str, options: tuple[str, ...], doc: str = "") -> Any:
@@ -145,6 +150,21 @@ def read_text(path: str | Path, what: str = "file") -> str:
     if nul >= 0:
         raise UserError("NUL byte: not a text file", f"{p}:{text.count(chr(10), 0, nul) + 1}")
     return text
+
+
+def check_csv_header(columns: Sequence[str] | None, where: str, required: Sequence[str]) -> None:
+    """A CSV header (``csv.DictReader.fieldnames``) names every ``required`` column, each once (a column named
+    twice would hide one of its two values: ``DictReader`` keeps the last); ``where``: the file's first line."""
+    if columns is None:
+        raise UserError("empty file", where.rsplit(":", 1)[0])
+    seen: set[str] = set()
+    for c in columns:
+        if c in seen:
+            raise UserError(f"column {c!r} named twice in the header", where)
+        seen.add(c)
+    missing = [c for c in required if c not in seen]
+    if missing:
+        raise UserError(f"missing column {missing[0]!r} (needs {', '.join(required)})", where)
 
 
 def _no_constant(name: str) -> float:
@@ -360,6 +380,15 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+#: Python's float forms that YAML 1.1 reads as strings (``1e-3``, ``2E5``, ``1.5e3`` without an exponent sign,
+#: ``-.5``, ``inf``, ``nan``): numbers as people write them, read as the floats ``float()`` makes of them. The
+#: forms YAML already reads (``0.001``, ``1.0e-3``, ``.inf``) and plain integers keep YAML's own reading.
+_DIGITS = r"[0-9](?:_?[0-9])*"
+_PY_FLOAT = re.compile(rf"""^[-+]?(?:{_DIGITS}\.(?:{_DIGITS})?(?:[eE][-+]?{_DIGITS})?|\.{_DIGITS}(?:[eE][-+]?{_DIGITS})?
+                           |{_DIGITS}[eE][-+]?{_DIGITS}|(?i:inf|infinity|nan))$""", re.X)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _PY_FLOAT, list("-+0123456789.iInN"))
+
+
 def _yaml(text: str) -> Any:
     """The one YAML parser of inputs (:class:`_Loader`): every failure is a :class:`yaml.YAMLError`."""
     try:
@@ -472,6 +501,8 @@ def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
                 raise UserError(f"field {name!r}: must be >= {meta['ge']}, got {value!r}", where)
             if "le" in meta and not value <= meta["le"]:
                 raise UserError(f"field {name!r}: must be <= {meta['le']}, got {value!r}", where)
+        if meta.get("nonempty") and value == "":
+            raise UserError(f"field {name!r}: empty path (leave the field out, or null, for the default)", where)
         if "choices" in meta and value not in meta["choices"]:
             raise UserError(f"field {name!r}: must be one of {', '.join(meta['choices'])}, got {value!r}", where)
         kwargs[name] = value
@@ -480,6 +511,15 @@ def build(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
     except (ValueError, TypeError) as e:
         raise UserError(str(e), where) from None
     return obj
+
+
+def comma_list(text: str, flag: str, what: str = "values") -> list[str]:
+    """``"a, b,c"`` → ``["a", "b", "c"]``; an empty item (``"40,,50"``, a trailing comma: a typo, never meant as
+    nothing) or an empty list is a UserError naming the flag."""
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip() or "" in items:
+        raise UserError(f"{flag}: expected comma-separated {what} with none empty, got {text!r}")
+    return items
 
 
 def _set_item(text: str) -> str:

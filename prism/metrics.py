@@ -34,6 +34,8 @@ class RequestRecord:
     lane: str
     realigned: bool
     instance: int | None = None  # the instance of a cluster that served it (None: a single engine)
+    model: str | None = None  # the model that served it, in a fleet of several models
+    gpu: str | None = None  # the GPU(s) it ran on, in a fleet ("0", or "2+3" for a model over two GPUs)
 
     @property
     def w_admit(self) -> float:
@@ -51,9 +53,14 @@ class RequestRecord:
     def ttft(self) -> float:
         return self.first_token - self.arrival
 
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (0 for a request of one output token)."""
+        return (self.finish - self.first_token) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
 
 #: what a run writes into its folder; an earlier run's are removed (summary.json first) before a run starts
-RUN_FILES = ("summary.json", "requests.csv")
+RUN_FILES = ("summary.json", "requests.csv", "timeline.json", "memory.csv", "memory.png")
 #: what a live run adds for each server, in its folder (a cluster: in instance-<i>/ folders): its log, the plugin's
 #: settings, counters and event logs
 SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
@@ -70,14 +77,16 @@ def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
-CSV_COLUMNS = [f.name for f in fields(RequestRecord) if f.name != "instance"] + ["w_admit", "t_prefill", "t_1tok",
-                                                                                 "ttft"]
+CSV_COLUMNS = [f.name for f in fields(RequestRecord) if f.name not in ("instance", "model", "gpu")] + [
+    "w_admit", "t_prefill", "t_1tok", "ttft"]
 #: a cluster's requests.csv (more than one instance) adds the instance that served each request
 CLUSTER_CSV_COLUMNS = CSV_COLUMNS + ["instance"]
+#: a fleet's (several models sharing GPUs) adds each request's time per output token, its model and GPU
+FLEET_CSV_COLUMNS = CSV_COLUMNS + ["tpot", "model", "gpu"]
 
 
-def csv_columns(cluster: bool) -> list[str]:
-    return CLUSTER_CSV_COLUMNS if cluster else CSV_COLUMNS
+def csv_columns(cluster: bool, fleet: bool = False) -> list[str]:
+    return FLEET_CSV_COLUMNS if fleet else CLUSTER_CSV_COLUMNS if cluster else CSV_COLUMNS
 
 
 def csv_float(v: float) -> str:
@@ -106,11 +115,26 @@ def _row(r: RequestRecord, columns: list[str] = CSV_COLUMNS) -> list[str]:
     return [_fmt(getattr(r, c)) for c in columns]
 
 
-def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bool = False) -> None:
+def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bool = False, fleet: bool = False) -> None:
     """The whole ``requests.csv`` in request order, written atomically (a stream's file is replaced whole);
     ``cluster``: with the instance column (a run on more than one instance)."""
-    columns = csv_columns(cluster)
+    columns = csv_columns(cluster, fleet)
     write_csv(path, columns, (_row(r, columns) for r in sorted(records, key=lambda r: r.id)))
+
+
+def read_requests_csv(path: Path) -> list[RequestRecord]:
+    """A ``requests.csv`` back as records (the columns :func:`write_requests_csv` writes; ``instance`` where
+    a cluster's file has it)."""
+    out = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            inst = row.get("instance")
+            out.append(RequestRecord(int(row["id"]), float(row["arrival"]), float(row["sent"]),
+                                     float(row["prefill_start"]), float(row["prefill_end"]), float(row["first_token"]),
+                                     float(row["finish"]), int(row["prompt_tokens"]), int(row["hit_tokens"]),
+                                     int(row["output_tokens"]), row["lane"], row["realigned"] == "1",
+                                     int(inst) if inst not in (None, "") else None))
+    return out
 
 
 class RecordStream:
@@ -119,10 +143,10 @@ class RecordStream:
     between flushes to the file (a live run passes 1: its rows come at most hundreds a second and each cost
     real serving time; a simulation finishes thousands a second and flushes in blocks)."""
 
-    def __init__(self, path: Path, flush_every: int = 256, cluster: bool = False) -> None:
+    def __init__(self, path: Path, flush_every: int = 256, cluster: bool = False, fleet: bool = False) -> None:
         self._f = path.open("w", newline="")
         self._w = csv.writer(self._f)
-        self._columns = csv_columns(cluster)
+        self._columns = csv_columns(cluster, fleet)
         self._w.writerow(self._columns)
         self._n, self._every = 0, flush_every
 
@@ -199,10 +223,55 @@ def instance_summary(spec: RunSpec, records: Sequence[RequestRecord],
             "imbalance_prefill_tokens": imbalance([p["prefill_tokens"] for p in per]), "per_instance": per}
 
 
+def slo_stats(records: Sequence[RequestRecord], ttft_slo: float | None, tpot_slo: float | None,
+              span: float) -> dict[str, Any]:
+    """TTFT and TPOT percentiles of ``records`` and their SLO attainment: the share within the TTFT SLO, within
+    the TPOT SLO, within both (``attainment``), and goodput (requests within both per second of ``span``). A
+    missing SLO is met by every request."""
+    ttft = np.array([r.ttft for r in records])
+    tpot = np.array([r.tpot for r in records])
+    ok_ttft = ttft <= ttft_slo if ttft_slo is not None else np.ones(len(records), bool)
+    ok_tpot = tpot <= tpot_slo if tpot_slo is not None else np.ones(len(records), bool)
+    both = ok_ttft & ok_tpot
+    n = len(records)
+    t, p = percentiles(ttft), percentiles(tpot)
+    return {"requests": n, "ttft_p50_s": t["p50"], "ttft_p99_s": t["p99"], "tpot_p50_s": p["p50"],
+            "tpot_p99_s": p["p99"], "ttft_slo_s": ttft_slo, "tpot_slo_s": tpot_slo,
+            "attainment_ttft": float(ok_ttft.mean()) if n else 0.0,
+            "attainment_tpot": float(ok_tpot.mean()) if n else 0.0,
+            "attainment": float(both.mean()) if n else 0.0,
+            "goodput_rps": float(both.sum()) / span if span > 0 else 0.0}
+
+
+def fleet_summary(records: Sequence[RequestRecord], model_of: Mapping[int, str],
+                  slos: Mapping[str, tuple[float | None, float | None]], warmup: int = 0,
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A fleet's part of ``summary.json``: SLO attainment and goodput overall and per model (``model_of``: each
+    request id's model; ``slos``: each model's TTFT and TPOT SLO), after the first ``warmup`` arrivals, and what
+    the fleet reports (``extra``). Overall, each request is judged by its own model's SLOs."""
+    ordered = sorted(records, key=lambda r: (r.arrival, r.id))
+    measured = ordered[warmup:] if warmup < len(ordered) else ordered
+    span = max(r.finish for r in ordered) - min(r.arrival for r in ordered) if ordered else 0.0
+    per: dict[str, list[RequestRecord]] = {m: [] for m in slos}
+    for r in measured:
+        per[model_of[r.id]].append(r)
+    models = {m: slo_stats(rs, *slos[m], span) for m, rs in per.items()}
+    met = sum(round(s["attainment"] * s["requests"]) for s in models.values())
+    met_ttft = sum(round(s["attainment_ttft"] * s["requests"]) for s in models.values())
+    met_tpot = sum(round(s["attainment_tpot"] * s["requests"]) for s in models.values())
+    n = len(measured)
+    t, p = percentiles([r.ttft for r in measured]), percentiles([r.tpot for r in measured])
+    overall = {"requests": n, "ttft_p50_s": t["p50"], "ttft_p99_s": t["p99"], "tpot_p50_s": p["p50"],
+               "tpot_p99_s": p["p99"], "attainment_ttft": met_ttft / n if n else 0.0,
+               "attainment_tpot": met_tpot / n if n else 0.0, "attainment": met / n if n else 0.0,
+               "goodput_rps": met / span if span > 0 else 0.0}
+    return {**dict(extra or {}), **overall, "per_model": models}
+
+
 def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind: str, kv_capacity_tokens: int,
                 counters: Mapping[str, int], wall_s: float,
                 served_infinite_cache_hit_rate: float | None = None, complete: bool = True,
-                cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                cluster: Mapping[str, Any] | None = None, fleet: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``summary.json`` of a run: the run description, :func:`summarize` over ``records`` and what the engine
     reports (its KV capacity, its counters and the policies' own, the wall time). ``engine_kind`` says which
     engine served the run ("sim": the simulator); ``complete`` is false for an interrupted run (``records``
@@ -227,6 +296,7 @@ def run_summary(spec: RunSpec, records: Sequence[RequestRecord], *, engine_kind:
         "engine": asdict(spec.engine),
         "counters": dict(sorted(counters.items())),
         **({"cluster": dict(cluster)} if cluster is not None else {}),
+        **({"fleet": dict(fleet)} if fleet is not None else {}),
         "wall_s": wall_s,
     }
 

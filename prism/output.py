@@ -2,7 +2,7 @@
 starts, and every result file is written whole or not at all.
 
     out = prepare_out_dir(args.out, "--out")        # a folder we can write into (created), else UserError
-    path = check_out_file(args.out, "-o")           # a file we can write (its folder created), else UserError
+    path = check_out_file(args.out, "-o")           # a file we can write (its folder creatable), else UserError
     write_atomic_text(out / "summary.json", text)   # temporary file in the same folder, then rename
     with atomic_path(out / "data.npz") as tmp:      # the same for any writer that wants a path
         np.savez(tmp, **arrays)
@@ -21,13 +21,12 @@ import contextlib
 import csv
 import errno
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from prism.errors import UserError
+from prism.interrupts import InterruptsHeld  # here too: where results are written, interruptions are held
 
 
 def _where(flag: str, path: Path) -> str:
@@ -90,17 +89,30 @@ def prepare_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return p
 
 
-def check_out_file(path: str | Path, flag: str = "-o", create: bool = True) -> Path:
-    """Check that ``path`` can be written as a file (not a folder; its folder usable); create its folder (unless
-    ``create`` is false: a command that may still refuse its input then leaves nothing behind)."""
+def check_out_file(path: str | Path, flag: str = "-o", inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that ``path`` can be written as a file (not a folder; its folder usable, or creatable: the writer
+    creates it, so a command that fails first leaves none) and is none of the command's ``inputs`` (writing
+    it would destroy what the command reads)."""
     p = Path(path)
     where = _where(flag, p)
     if str(path).endswith(("/", os.sep)) or p.is_dir():
         raise UserError("is a folder, expected a file", where)
     if os.path.lexists(p) and not p.is_file():
         raise UserError("is not a regular file", where)
-    (_make_dir if create else _check_dir)(p.parent, where, p)
+    for given in inputs:
+        if _same_file(p, Path(given)):
+            raise UserError(f"is the input {given} (writing it would overwrite what it reads): choose another "
+                            "file", where)
+    _check_dir(p.parent, where, p)
     return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file (by inode where both exist: a link or another spelling of the path is caught too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def prepare_run_dir(path: str | Path, files: Iterable[str], flag: str = "--out") -> Path:
@@ -110,17 +122,24 @@ def prepare_run_dir(path: str | Path, files: Iterable[str], flag: str = "--out")
     for name in files:
         f = check_out_file(p / name, flag)
         f.unlink(missing_ok=True)
-        for tmp in p.glob(f".{f.stem}.*.tmp{f.suffix}"):  # what a killed writer of it left
-            tmp.unlink(missing_ok=True)
+        clear_leftovers(f)
     return p
+
+
+def clear_leftovers(path: Path) -> None:
+    """Remove the hidden temporary files (:func:`atomic_path`'s) that a killed writer of ``path`` left beside it."""
+    for tmp in path.parent.glob(f".{path.stem}.*.tmp{path.suffix}"):
+        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same folder, same suffix) to write; renamed onto ``path`` when the
-    block ends normally, removed when it raises. A reader never sees a half-written ``path``."""
+    """A temporary path beside ``path`` (same folder, same suffix; the folder created if need be) to write;
+    renamed onto ``path`` when the block ends normally, removed when it raises. A reader never sees a
+    half-written ``path``."""
     p = Path(path)
     tmp = p.with_name(f".{p.stem}.{os.getpid()}.tmp{p.suffix}")
+    p.parent.mkdir(parents=True, exist_ok=True)  # checked by check_out_file, created once there is a result
     try:
         yield tmp
         os.replace(tmp, p)
@@ -158,32 +177,5 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     return Path(path)
 
 
-class InterruptsHeld:
-    """Hold Ctrl-C (SIGINT) back while the block runs: for the short work between a finished computation and
-    its files (a run's summary, then ``requests.csv`` and ``summary.json``), so that an interruption there
-    cannot leave a complete ``requests.csv`` without its summary, a folder that reads as a killed run.
-
-    ``caught`` says whether a Ctrl-C came meanwhile, for the caller to act on once its files are written
-    (prism-sim then exits 130; a live run's files come after its replay ended either way). Outside the main
-    thread (where Python delivers no SIGINT) it holds nothing."""
-
-    def __init__(self) -> None:
-        self.caught = False
-        self._held, self._previous = False, None
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.caught = True
-
-    def __enter__(self) -> "InterruptsHeld":
-        if threading.current_thread() is threading.main_thread():
-            self._previous, self._held = signal.signal(signal.SIGINT, self._note), True
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        if self._held:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._held = False
-
-
-__all__ = ["InterruptsHeld", "check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "atomic_path",
-           "write_atomic_text", "write_csv", "save_figure"]
+__all__ = ["InterruptsHeld", "check_out_dir", "prepare_out_dir", "check_out_file", "prepare_run_dir", "clear_leftovers",
+           "atomic_path", "write_atomic_text", "write_csv", "save_figure"]

@@ -27,18 +27,19 @@ at most MAX_ROUTER_DELAY_S (1/MIN_QPS: a slower router serves fewer requests per
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from prism.calibration.cost_model import DEFAULT_PROFILE, Profile, load_profile
 from prism.config import MIN_QPS, apply_overrides, build, choice, fraction, load_yaml, nonneg, positive, unknown_keys
 from prism.errors import UserError
 from prism.policies.base import Deployment
-from prism.policies.registry import (ROUTERS, check_router, deployment_of, knob_sections, policy_configs,
-                                     resolve_method, router_config, router_section, router_sections)
-from prism.traces.spec import load_trace, spec_engine
-from prism.traces.trace import Trace, served_models
+from prism.policies.registry import (ROUTERS, SHARING, check_router, deployment_of, knob_sections, policy_configs,
+                                     resolve_method, router_config, router_section, router_sections,
+                                     sharing_config, sharing_sections)
+from prism.traces.spec import is_materialized, load_spec, load_trace, resolve as resolve_source, spec_engine
+from prism.traces.trace import ServedModel, Trace, served_models as trace_models
 
 
 @dataclass
@@ -90,6 +91,30 @@ class ClusterConfig:
                              "(give one per instance, or none)")
 
 
+@dataclass
+class FleetConfig:
+    """Several models sharing a fleet of GPUs (``sim/fleet.py``, DESIGN §9)."""
+
+    gpus: int | None = positive(None, "GPUs in the fleet (null: as few as hold every model's weights and its "
+                                      "largest request's KV; the dedicated scheme: one per model, x its TP)",
+                                le=MAX_INSTANCES)
+    gpu: str | None = None  # the GPU profile of every GPU (null: the run profile's GPU)
+    sharing: str = choice("prism", tuple(SHARING), "how the models share the GPUs: dedicated, static, muxserve, "
+                                                   "timeshare, prism")
+    slo_scale: float = positive(5.0, "a model without SLOs gets its dedicated-GPU P95 TTFT and TPOT times this")
+    slo_requests: int = positive(200, "requests per model in the dedicated-GPU run that sets its SLOs")
+    compute: str = choice("serial", ("serial", "parallel"), "co-located engines: serial (their iterations do not "
+                                                            "overlap) or parallel (no interference, a bound)")
+    rate_scale: float = positive(1.0, "multiplies the trace's arrival rate (the same bursts, more requests)",
+                                 le=1000.0)
+    sample_s: float = positive(1.0, "seconds between samples of each GPU's memory")
+    rate_window_s: float = positive(60.0, "window of each model's measured token rate (Prism App. A.4: about 60 s)")
+    utilization: float = fraction(0.95, "share of a GPU's memory its page pool hands out (kvcached's "
+                                        "GPU_UTILIZATION)")
+    cold_start_s: float = positive(30.0, "seconds an engine outside the engine pool takes to start (SGLang and "
+                                         "its CUDA graphs: 10-60 s)")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run is: what to serve (the trace, at what rate), how (the method's policies, their
@@ -111,6 +136,10 @@ class RunSpec:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     router_configs: Mapping[str, Any] = field(default_factory=dict)  # the router's section -> validated knobs
     instance_profiles: tuple[Profile, ...] = ()  # one per instance, or () for ``profile`` everywhere
+    fleet: FleetConfig | None = None  # several models sharing GPUs (None: one model)
+    served_models: tuple[ServedModel, ...] = ()  # a fleet's models (their SLOs filled in by the run)
+    sharing_configs: Mapping[str, Any] = field(default_factory=dict)  # the sharing scheme's section -> knobs
+    slo_trace: Trace | None = None  # a fleet's trace at rate scale 1, where its models' SLOs are measured
 
     def profile_of(self, instance: int) -> Profile:
         return self.instance_profiles[instance] if self.instance_profiles else self.profile
@@ -162,7 +191,8 @@ class RunSpec:
 
 def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, Any], engine: EngineConfig,
               profile: Profile, trace: Trace, trace_source: str, qps: float | None,
-              cluster: ClusterConfig | None = None, router_configs: Mapping[str, Any] | None = None) -> RunSpec:
+              cluster: ClusterConfig | None = None, router_configs: Mapping[str, Any] | None = None,
+              fleet: FleetConfig | None = None, sharing_configs: Mapping[str, Any] | None = None) -> RunSpec:
     """The one place a run's deployment, rate and seed are settled."""
     cluster = cluster if cluster is not None else ClusterConfig()
     instance_profiles = tuple(_instance_profile(p) for p in cluster.profiles)
@@ -170,8 +200,64 @@ def _run_spec(label: str, scheduler: str, eviction: str, configs: Mapping[str, A
     spec = RunSpec(label, scheduler, eviction, configs, deployment_of(scheduler, configs), engine, profile, trace,
                    trace_source, offered if offered is not None else measured_qps(trace), offered is None,
                    trace.spec.get("seed"), cluster, dict(router_configs or {}), instance_profiles)
+    if fleet is not None or trace_models(trace.meta, trace_source):
+        return _fleet_spec(spec, fleet or FleetConfig(), dict(sharing_configs or {}))
     spec.kv_capacities  # checked here, before any run starts
     return spec
+
+
+def _fleet_spec(spec: RunSpec, fleet: FleetConfig, sharing_configs: dict[str, Any]) -> RunSpec:
+    """A run of several models on a fleet, checked before anything runs: every model a profile model of a
+    tensor-parallel degree it splits into, on a fleet with enough GPUs per node, whose weights and largest
+    request fit one GPU (its KV pool is checked against its own requests)."""
+    from prism.calibration import profiles
+    from prism.calibration.cost_model import served_profile
+
+    if spec.cluster.instances > 1:
+        raise UserError("a fleet of several models and a cluster of instances do not combine (drop --instances)")
+    served = tuple(trace_models(spec.trace.meta, spec.trace_source)) or (
+        ServedModel(ONLY_MODEL, spec.profile.model.key, 1, None, None),)
+    profiles.check_served(served, spec.trace_source or "trace")
+    gpu_name = fleet.gpu or spec.profile.gpu.key
+    try:
+        gpu = profiles.gpu(gpu_name)
+    except UserError as e:
+        raise UserError(str(e), "fleet.gpu") from None
+    capacity = gpu.memory_bytes * fleet.utilization
+    for i, m in enumerate(served):
+        if m.tp > gpu.gpus_per_node:
+            raise UserError(f"models[{i}] ({m.name}): tp {m.tp} is more than the {gpu.gpus_per_node} GPUs of a "
+                            f"{gpu_name} node", spec.trace_source or "trace")
+        model = profiles.model(m.profile)
+        try:
+            served_profile(gpu, model, m.tp)
+        except UserError as e:
+            raise UserError(f"models[{i}] ({m.name}) fits no GPU: {e}", spec.trace_source or "trace") from None
+    if fleet.sharing == "dedicated":
+        need = sum(m.tp for m in served)
+        if fleet.gpus is not None and fleet.gpus < need:
+            raise UserError(f"the dedicated scheme needs {need} GPUs for these models (one per model, x its TP), "
+                            f"got {fleet.gpus}", "fleet.gpus")
+        gpus = need
+    else:
+        largest: dict[str, int] = {}
+        for r in spec.trace.requests:
+            name = r.model or ONLY_MODEL
+            largest[name] = max(largest.get(name, 0), r.prompt_len + r.output_len)
+        need = sum(profiles.model(m.profile).weight_bytes() + largest.get(m.name, 0)
+                   * profiles.model(m.profile).kv_bytes_per_token() for m in served)
+        gpus = fleet.gpus or max(max(m.tp for m in served), -(-int(need) // int(capacity)))
+    biggest = max(m.tp for m in served)
+    if biggest > gpus:
+        raise UserError(f"a model over {biggest} GPUs needs a fleet of at least {biggest}, got {gpus}",
+                        "fleet.gpus")
+    fleet = replace(fleet, gpus=gpus, gpu=gpu_name)
+    configs = sharing_config(fleet.sharing, sharing_configs, "")
+    return replace(spec, fleet=fleet, served_models=served, sharing_configs=configs)
+
+
+#: the model of a single-model trace served as a fleet's only model
+ONLY_MODEL = "model"
 
 
 def _instance_profile(spec: str) -> Profile:
@@ -235,18 +321,29 @@ class Settings:
     engine_settings: dict[str, Any] = field(default_factory=dict)  # the engine fields the settings give
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     router_configs: dict[str, Any] = field(default_factory=dict)
+    fleet: FleetConfig | None = None  # several models sharing GPUs (None: unless the trace has several models)
+    sharing_configs: dict[str, Any] = field(default_factory=dict)  # the sharing schemes' raw knob sections
 
     def resolve(self, trace_source: str, load: Callable[[str, dict[str, Any]], Trace] | None = None) -> RunSpec:
         """Load the profile and the trace (with the overrides; ``load``: instead of ``load_trace``, e.g. a
-        memo of it) and settle the rate and seed: the run."""
+        memo of it) and settle the rate and seed: the run. A fleet's ``rate_scale`` multiplies the trace's rate
+        (a spec's ``qps``, or a trace file's measured rate)."""
         profile = load_profile(self.profile)
-        trace = (load or load_trace)(trace_source, self.trace_overrides)
-        if served_models(trace.meta):  # until the fleet simulator (issue 27) runs them, never as one engine
-            raise UserError("a trace of several models needs the multi-model simulator, which is not wired in "
-                            "yet: one engine would serve every model's requests as one model's", trace_source)
-        return _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
-                         self.engine_for(trace_source), profile, trace, trace_source, self.trace_overrides.get("qps"),
-                         self.cluster, self.router_configs)
+        overrides = dict(self.trace_overrides)
+        scale = self.fleet.rate_scale if self.fleet is not None else 1.0
+        if scale != 1.0 and not is_materialized(resolve_source(trace_source)):
+            overrides["qps"] = round(float(overrides.get("qps") or load_spec(trace_source, overrides).qps) * scale, 9)
+        trace = (load or load_trace)(trace_source, overrides)
+        reference = None
+        if scale != 1.0:  # the models' SLOs are measured at the trace's own rate
+            reference = (load or load_trace)(trace_source, self.trace_overrides)
+            if is_materialized(resolve_source(trace_source)):
+                trace = reference.rescaled(measured_qps(reference) * scale)
+                overrides["qps"] = measured_qps(trace)
+        spec = _run_spec(self.label, self.scheduler, self.eviction, self.policy_configs,
+                         self.engine_for(trace_source), profile, trace, trace_source, overrides.get("qps"),
+                         self.cluster, self.router_configs, self.fleet, self.sharing_configs)
+        return replace(spec, slo_trace=reference) if reference is not None and spec.fleet is not None else spec
 
     def engine_for(self, trace_source: str) -> EngineConfig:
         """The engine settings of a run on ``trace_source``: the trace spec's ``engine:`` section (what its
@@ -275,8 +372,8 @@ def read_config(path: str | None, flag: str = "--config") -> dict[str, Any]:
 def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     """Validate the whole mapping once; every error names its section and field. A section of knobs that no
     policy of the run reads is an error (see :func:`check_knobs_used`)."""
-    allowed = ({"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster"} | knob_sections()
-               | router_sections())
+    allowed = ({"method", "scheduler", "eviction", "profile", "engine", "trace", "cluster", "fleet"} | knob_sections()
+               | router_sections() | sharing_sections())
     unknown = unknown_keys(data, allowed)
     if unknown:
         raise UserError(f"unknown section {unknown[0]} (known: {', '.join(sorted(allowed))})", where)
@@ -291,11 +388,54 @@ def settings_from(data: dict[str, Any], where: str = "config") -> Settings:
     knobs = {k: data[k] for k in knob_sections() if k in data}
     configs = policy_configs(sched, evict, knobs, where=f"{where}: ")  # a typo in a knob fails before a long run
     check_knobs_used(data, [label], where)
-    cluster = build(ClusterConfig, data.get("cluster"), f"{where}: cluster")
+    cluster = cluster_config(data, where)
+    check_cluster_used(data, [cluster.instances], where)
     check_router_knobs_used(data, [cluster.router], where)
     routing = router_config(cluster.router, {k: data[k] for k in router_sections() if k in data}, f"{where}: ")
+    fleet = build(FleetConfig, data.get("fleet"), f"{where}: fleet") if data.get("fleet") is not None else None
+    sharing = {k: data[k] for k in sharing_sections() if k in data}
+    if sharing:
+        chosen = (fleet or FleetConfig()).sharing
+        for section in sorted(sharing):
+            if section != chosen and sharing[section]:
+                raise UserError(f"section {section!r}: the run's sharing scheme is {chosen} (remove these knobs, or "
+                                f"use --sharing {section})", where)
+        sharing_config(chosen, sharing, f"{where}: ")  # a typo in a knob fails here
     return Settings(label, sched, evict, str(data.get("profile") or DEFAULT_PROFILE), engine, configs, trace,
-                    dict(data.get("engine") or {}), cluster, routing)
+                    dict(data.get("engine") or {}), cluster, routing, fleet, sharing)
+
+
+#: the cluster settings a single engine does not read, and why
+CLUSTER_ONLY = {"router": "a single engine has no router", "router_delay_s": "a single engine has no router",
+                "view_interval_s": "a single engine has no router", "profiles": "a single engine runs on --profile"}
+_RUN_A_CLUSTER = "a cluster needs cluster.instances above 1"
+
+
+def cluster_config(data: Mapping[str, Any], where: str, instances: int | None = None) -> ClusterConfig:
+    """The ``cluster`` section of ``data``, validated as a run reads it (``instances``: a count given by a flag,
+    over the section's own): the one check of it for every command."""
+    section = data.get("cluster")
+    if instances is not None and (section is None or isinstance(section, dict)):
+        section = {**(section or {}), "instances": instances}
+    return build(ClusterConfig, section, f"{where}: cluster")
+
+
+def check_cluster_used(data: Mapping[str, Any], instances: Sequence[int], where: str, routers_flag: str = "") -> None:
+    """Cluster settings where every run (of ``instances`` counts) is a single engine: an error, as the knobs of
+    a policy that no method runs are, never ignored. ``routers_flag``: a flag that gave routers (a sweep's)."""
+    if max(instances) > 1:
+        return
+    if routers_flag:
+        raise UserError(f"{routers_flag}: every run is on one engine, which has no router (give --instances above "
+                        f"1, or leave {routers_flag} out)")
+    section = data.get("cluster")
+    for name, why in CLUSTER_ONLY.items():
+        if isinstance(section, dict) and name in section and section[name] != []:  # [] gives no profiles
+            raise UserError(f"field {name!r}: {why} ({_RUN_A_CLUSTER}; or remove it)", f"{where}: cluster")
+    for knobs in sorted(router_sections() & set(data)):
+        if data[knobs]:
+            raise UserError(f"section {knobs!r}: a router's knobs, and a single engine has no router "
+                            f"({_RUN_A_CLUSTER}; or remove them)", where)
 
 
 def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: str) -> None:
@@ -304,7 +444,7 @@ def check_router_knobs_used(data: Mapping[str, Any], routers: list[str], where: 
     for section in sorted(router_sections() & set(data)):
         if section not in used and data[section]:
             raise UserError(f"section {section!r}: no router of {', '.join(routers)} reads these knobs (remove "
-                            f"them, or use --router {section})", where)
+                            f"them, or route with {section}: cluster.router)", where)
 
 
 def for_router(data: dict[str, Any], router: str) -> dict[str, Any]:
@@ -349,6 +489,12 @@ def merge_flags(data: dict[str, Any], overrides: list[str], **flags: Any) -> dic
             if not isinstance(data["cluster"], dict):
                 raise UserError("section 'cluster': must be a mapping")
             data["cluster"][key] = flags[key]
+    for key in ("gpus", "sharing", "slo_scale", "rate_scale"):
+        if flags.get(key) is not None:
+            data.setdefault("fleet", {})
+            if not isinstance(data["fleet"], dict):
+                raise UserError("section 'fleet': must be a mapping")
+            data["fleet"][key] = flags[key]
     for key in ("method", "scheduler", "eviction", "profile"):
         if flags.get(key) is not None:
             data[key] = flags[key]

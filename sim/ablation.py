@@ -19,22 +19,21 @@ window, for one), so shares need not add to 1: the table's ``sum of parts`` row 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from prism.metrics import csv_float, write_json
-from prism.output import check_out_file, write_csv
+from prism.output import write_csv
 from prism.policies.base import Part
 from prism.policies.registry import ablation, knob_sections
 from prism.traces.spec import is_materialized, resolve
 
-from prism.sim.sweep import RunTask, Sweep, task_config
+from prism.sim.sweep import SWEEP_FILES, RunTask, Sweep, task_config
 
 ABLATION_FILES = ("ablation.csv", "ablation.json")
 #: the table's rows besides the parts
@@ -79,16 +78,10 @@ class AblationSweep(Sweep):
     def __post_init__(self) -> None:
         self.series = variants(self.methods, self.config)
 
+    files: ClassVar[tuple[str, ...]] = (*SWEEP_FILES, *ABLATION_FILES)
+
     def identity(self) -> dict[str, Any]:
         return {**super().identity(), "ablate": list(self.methods)}
-
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """The sweep's lock, the ablation's files checked too."""
-        with super().lock():
-            for name in ABLATION_FILES:
-                check_out_file(self.out / name, "--out")
-            yield
 
     def tasks(self) -> list[RunTask]:
         return [self._task(name, q, s) for q in self.qps for name in self.series for s in self.seeds]

@@ -18,7 +18,12 @@ The story of one iteration, as in SGLang's scheduler loop (prefill has priority 
    what survived of their prefix. Retractions and re-prefilled tokens are counted.
 3. Otherwise the engine sleeps until a request arrives.
 
-Each iteration lasts what the calibrated cost model says. The prompt (or its processed part) is inserted
+Each iteration lasts what the calibrated cost model says. An engine that shares its GPU with other models'
+engines (``sim/fleet.py``) has a *host*: before an iteration it waits for the GPU's compute (``acquire``) and
+learns its current KV capacity (``refresh``: the pages it may map now), after allocating it reports its KV
+(``settle``, which returns the seconds the page mapping adds to the iteration), and after the iteration it lets
+the GPU go (``release``). Without a host (a single engine, a
+cluster, a dedicated GPU) none of this runs. The prompt (or its processed part) is inserted
 into the radix cache after each prefill chunk and stays locked while the request runs; the full sequence
 (prompt and generated tokens) is inserted when the request finishes, and then unlocked.
 """
@@ -105,7 +110,7 @@ class Engine:
     def __init__(self, env: simpy.Environment, config: EngineConfig, cost: CostModel, scheduler: Scheduler,
                  eviction: EvictionPolicy, capacity: int | None, hints: DemandHints | None = None,
                  on_finish: Callable[[Seq], None] | None = None, on_admit: Callable[[Seq], None] | None = None,
-                 events: EngineEvents | None = None) -> None:
+                 events: EngineEvents | None = None, host=None) -> None:
         self.env = env
         self.cfg = config
         self.cost = cost
@@ -116,6 +121,7 @@ class Engine:
         self.cache = RadixCache(capacity, config.page_size, anchors=eviction.needs_anchors)
         self.on_finish, self.on_admit = on_finish, on_admit
         self.events = events
+        self.host = host  # the shared GPU it runs on, where it has one (module docstring)
         self.counters: Counter = Counter()
         self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
         self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
@@ -151,22 +157,34 @@ class Engine:
             self._wake.succeed()
 
     # ------------------------------------------------------------------ the loop
+    def has_work(self) -> bool:
+        """Whether the next iteration runs a batch (admission may still find nothing to admit)."""
+        return bool((self.waiting and not self.batch_is_full) or self.chunked or self.decoding)
+
     def _loop(self):
-        env, cost, ev = self.env, self.cost, self.events
+        env, cost, ev, host = self.env, self.cost, self.events, self.host
         while True:
+            if host is not None and self.has_work():
+                slot = host.acquire(self)
+                if slot is not None:
+                    yield slot
+                host.refresh(self)
             batch = self._prefill_batch() if ((self.waiting and not self.batch_is_full) or self.chunked) else None
             if batch:
+                extra = host.settle(self) if host is not None else 0.0
                 start = env.now
                 for seq, _, _ in batch:
                     if seq.prefill_start < 0:
                         seq.prefill_start = start
                 if ev is not None:
                     ev.prefill_started(self, batch)
-                yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]))
+                yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
                 self.counters[PREFILL_ITERATIONS] += 1
                 self._end_prefill(batch)
                 if ev is not None:
                     ev.prefill_ended(self, batch)
+                if host is not None:
+                    host.release(self)
             elif self.decoding:
                 if ev is not None:
                     ev.decode_checking(self)
@@ -177,9 +195,10 @@ class Engine:
                 self.allocate(n)
                 self.decode_alloc += n
                 self.rule.decode_allocated(self, n)
+                extra = host.settle(self) if host is not None else 0.0
                 if ev is not None:
                     ev.decode_started(self, n)
-                yield env.timeout(cost.decode_time(n, self.sum_ctx))
+                yield env.timeout(cost.decode_time(n, self.sum_ctx) + extra)
                 self.counters[DECODE_ITERATIONS] += 1
                 self.step += 1
                 self.sum_ctx += n
@@ -187,7 +206,15 @@ class Engine:
                     ev.decode_ended(self, n)
                 while self.decoding and self.decoding[0][0] <= self.step:
                     self._finish(self._pop_decoding())
+                if host is not None:
+                    host.release(self)
             else:
+                if host is not None:
+                    host.release(self)
+                    if self.waiting:  # nothing running and no room to admit: wait for the GPU's memory
+                        yield host.changed(self)
+                        self.batch_is_full = False
+                        continue
                 if self.waiting:
                     raise RuntimeError("engine stalled: a waiting request can never be admitted")
                 self.rule.idle()
@@ -220,6 +247,14 @@ class Engine:
             self.cache.evict(short, self.eviction.key, self._evicting, self.eviction.lowered_keys())
             if self.free() < n:
                 raise RuntimeError("KV accounting error: eviction could not make room")
+
+    def drop_cached(self, n: int) -> int:
+        """Evict up to ``n`` tokens of unlocked cached prefixes (the engine's host reclaims their memory);
+        returns the tokens evicted."""
+        if n <= 0 or not self.cache.evictable_size:
+            return 0
+        self.eviction.prepare(self.cache)
+        return self.cache.evict(n, self.eviction.key, self._evicting, self.eviction.lowered_keys())
 
     def _evicting(self, node) -> None:
         self.counters[EVICTED_TOKENS[self.eviction.tier(node)]] += node.length

@@ -32,17 +32,26 @@ class Instance:
     """Instance ``index`` of ``spec``'s run, on the clock ``env``; ``on_finish`` sees each finished request."""
 
     def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, on_finish: Callable[[Seq], None],
-                 track_prefill: bool = False, events: EngineEvents | None = None, routed: bool = False) -> None:
+                 track_prefill: bool = False, events: EngineEvents | None = None, host=None,
+                 on_admit: Callable[[Seq], None] | None = None, scheduler=None, capacity: int | None = None,
+                 routed: bool = False) -> None:
+        """``host``: the shared GPU the engine runs on (``sim/fleet.py``); ``on_admit``: told of each admission;
+        ``scheduler``: the engine's scheduler in place of the method's (a fleet's per-GPU queue order);
+        ``capacity``: its KV pool, where the fleet sets it (default: the run's, checked against its trace);
+        ``routed``: behind a router (a backlog front end then bounds the engine by its running slots)."""
         self.index = index
         profile = spec.profile_of(index)
         self.profile = profile.name
-        self.capacity = spec.kv_capacity_of(index)
+        self.capacity = capacity if capacity is not None else spec.kv_capacity_of(index)
         self.policies: Policies = make_policies(spec.scheduler, spec.eviction, spec.policy_configs, spec.deployment,
                                                 requests=spec.trace.requests)
+        if scheduler is not None:
+            self.policies.scheduler = scheduler
         self.track_prefill = track_prefill
+        self._on_admit = on_admit
+        admit = self._admitted if track_prefill or on_admit is not None else None
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
-                             self.capacity, self.policies.hints, on_finish,
-                             on_admit=self._admitted if track_prefill else None, events=events)
+                             self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host)
         self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
                                spec.backlog_limit(routed))
                       if self.policies.front_end is not None else None)
@@ -80,6 +89,8 @@ class Instance:
         est = self._estimate.pop(seq.id, None)
         if est is not None:
             self.queued_prefill_tokens -= est
+        if self._on_admit is not None:
+            self._on_admit(seq)
 
     def counters(self) -> dict[str, int]:
         """The engine's counters, the policies' own and the front end's."""

@@ -131,6 +131,7 @@ class GpuMemory:
         if self.total_pages < 1 or not 0 <= self.buffer_min <= self.buffer_max:
             raise ValueError(f"{self.name}: needs pages and 0 <= buffer_min <= buffer_max")
         self._models: dict[str, _Resident] = {}
+        self._used: int | None = 0  # pages in use, kept up to date by use() (the hot path), else recounted
 
     @classmethod
     def for_gpu(cls, gpu: GPU, utilization: float = UTILIZATION, **kw) -> "GpuMemory":
@@ -149,11 +150,19 @@ class GpuMemory:
 
     @property
     def used_pages(self) -> int:
-        return sum(r.weight_pages + (r.blocks + r.buffer) * r.layout.pages_per_block for r in self._models.values())
+        if self._used is None:
+            self._used = sum(r.weight_pages + (r.blocks + r.buffer) * r.layout.pages_per_block
+                             for r in self._models.values())
+        return self._used
 
     @property
     def free_pages(self) -> int:
         return self.total_pages - self.used_pages
+
+    @property
+    def loadable_pages(self) -> int:
+        """Pages weights may take now: the free ones and the models' buffers (unmapped first when needed)."""
+        return self.free_pages + self._buffers()
 
     def weight_pages(self, model: str) -> int:
         return self._get(model).weight_pages
@@ -196,7 +205,7 @@ class GpuMemory:
 
     def can_load(self, weight_bytes: float, extra_bytes: float = 0.0) -> bool:
         """Whether weights fit now, counting the other models' buffers (unmapped first when needed)."""
-        return pages_for_bytes(weight_bytes + extra_bytes) <= self.free_pages + self._buffers()
+        return pages_for_bytes(weight_bytes + extra_bytes) <= self.loadable_pages
 
     def sample(self, t: float) -> MemorySample:
         weights = live = cached = buffer = 0
@@ -218,11 +227,12 @@ class GpuMemory:
         if model in self._models:
             raise ValueError(f"{self.name}: {model} is already resident")
         pages = pages_for_bytes(weight_bytes + extra_bytes)
-        if pages > self.free_pages + self._buffers():
+        if pages > self.loadable_pages:
             raise MemoryFull(f"{self.name}: {model}'s weights need {pages} pages, {self.free_pages} are free")
         t = self._trim_buffers(pages - self.free_pages)
         limit = self.total_pages // layout.pages_per_block if limit_tokens is None else layout.blocks(limit_tokens)
         self._models[model] = _Resident(layout, pages, limit, limit)
+        self._used = None
         self._refill(self._models[model])
         return t
 
@@ -233,6 +243,7 @@ class GpuMemory:
         if r.live:
             raise ValueError(f"{self.name}: {model} still holds {r.live} tokens of running requests")
         del self._models[model]
+        self._used = None
         return self._unmap(r.weight_pages + (r.blocks + r.buffer) * r.layout.pages_per_block)
 
     # ---------------------------------------------------------------- KV
@@ -244,6 +255,8 @@ class GpuMemory:
         r = self._get(model)
         if live < 0 or cached < 0:
             raise ValueError(f"{self.name}: {model}: negative tokens")
+        held = r.blocks + r.buffer
+        used = self.used_pages
         need = r.layout.blocks(live + cached)
         t = 0.0
         if need > r.blocks:
@@ -261,6 +274,7 @@ class GpuMemory:
             r.buffer += keep
             t = self._unmap((freed - keep) * r.layout.pages_per_block)
         r.blocks, r.live, r.cached = need, live, cached
+        self._used = used + (r.blocks + r.buffer - held) * r.layout.pages_per_block
         self._refill(r)
         return t
 
@@ -273,6 +287,7 @@ class GpuMemory:
         r.limit = max(r.target, r.blocks)
         trim = max(0, r.blocks + r.buffer - r.limit)
         r.buffer -= trim
+        self._used = None
         t = self._unmap(trim * r.layout.pages_per_block)
         self._refill(r)
         return t
@@ -306,17 +321,28 @@ class GpuMemory:
         if add > 0:
             r.buffer += add
             pages = add * r.layout.pages_per_block
+            if self._used is not None:
+                self._used += pages
             self.counters.pages_mapped += pages
             self.counters.background_s += self.costs.map_seconds(pages)
 
-    def _trim_buffers(self, pages: int) -> float:
+    def release_buffers(self, keep: str) -> float:
+        """Unmap every buffer but ``keep``'s (a model that cannot map a block takes the others' idle pages).
+        Returns seconds of unmapping."""
+        return self._trim_buffers(sum(r.buffer * r.layout.pages_per_block for n, r in self._models.items()
+                                      if n != keep), keep)
+
+    def _trim_buffers(self, pages: int, keep: str | None = None) -> float:
         """Unmap other models' buffers, largest first, until ``pages`` more pages are free."""
         t = 0.0
-        for r in sorted(self._models.values(), key=lambda r: -r.buffer * r.layout.pages_per_block):
+        for n, r in sorted(self._models.items(), key=lambda nr: -nr[1].buffer * nr[1].layout.pages_per_block):
             if pages <= 0:
                 break
+            if n == keep:
+                continue
             blocks = min(r.buffer, -(-pages // r.layout.pages_per_block))
             r.buffer -= blocks
+            self._used = None
             pages -= blocks * r.layout.pages_per_block
             t += self._unmap(blocks * r.layout.pages_per_block)
         return t

@@ -5,7 +5,6 @@ clusters adds the imbalance (max/mean requests per instance) against QPS."""
 from __future__ import annotations
 
 import csv
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from prism.output import save_figure  # noqa: E402
-from prism.sim.sweep import pool_size  # noqa: E402
+from prism.sim.sweep import pool_size, worker_pool  # noqa: E402
 
 
 def _name(a: dict[str, Any]) -> str:
@@ -124,7 +123,7 @@ def plot_sweep(out: Path, agg: list[dict[str, Any]], cdf_qps: float | None,
             plots.append(partial(_cdf_plot, curves, cdf_qps, out / f"ttft_cdf_qps{cdf_qps:g}.png"))
     workers = pool_size(workers, len(plots))
     if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with worker_pool(workers) as pool:
             paths = [f.result() for f in [pool.submit(plot) for plot in plots]]
     else:
         paths = [plot() for plot in plots]

@@ -31,6 +31,7 @@ class SimResult:
     records: list[RequestRecord]
     summary: dict[str, Any]
     counters: dict[str, int] = field(default_factory=dict)
+    memory: list[tuple] = field(default_factory=list)  # a fleet's memory samples (sim/fleet.py)
 
 
 class SimInterrupted(KeyboardInterrupt):
@@ -61,7 +62,13 @@ def simulate(spec: RunSpec, *, progress: bool = False, on_record: Callable[[Requ
     (``infinite_cache_hit_rate``) is not that ceiling for a scheduler that reorders segments. ``events``: an
     observer of every engine (:mod:`prism.sim.events`).
 
+    A run of several models sharing GPUs (``spec.fleet``) goes to :func:`prism.sim.fleet.simulate_fleet`.
+
     The cyclic garbage collector is paused meanwhile (see :func:`_collector_paused`)."""
+    if spec.fleet is not None:
+        from prism.sim.fleet import simulate_fleet  # it builds on this module
+
+        return simulate_fleet(spec, progress=progress, on_record=on_record, events=events)
     with _collector_paused():
         return _simulate(spec, progress, on_record, served_reference, routed or spec.cluster.instances > 1,
                          events)
@@ -77,7 +84,7 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
     run = Replay(spec, progress, on_record, served_reference)
     policy = make_router(spec.cluster.router, spec.router_configs) if routed else None
     instances = [Instance(i, run.env, spec, run.finisher(i if routed else None),
-                          policy is not None and policy.reads_queued_prefill, events, routed)
+                          policy is not None and policy.reads_queued_prefill, events, routed=routed)
                  for i in range(spec.cluster.instances)]
     entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
@@ -120,8 +127,9 @@ class Replay:
         """What an instance calls when a request finishes (``instance``: where a router sent it)."""
         return self.finished if instance is None else lambda seq: self.finished(seq, instance)
 
-    def finished(self, seq: Seq, instance: int | None = None) -> None:
-        self.records.append(record_of(seq, instance))
+    def finished(self, seq: Seq, instance: int | None = None, record: RequestRecord | None = None) -> None:
+        """``seq`` finished (``instance``: where a router sent it; ``record``: its record, made by the caller)."""
+        self.records.append(record if record is not None else record_of(seq, instance))
         if self.served is not None:
             self.served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
         if self.on_record is not None:

@@ -2,8 +2,9 @@
 
 Each run writes ``DIR/runs/<method>/qps<Q>-seed<S>/{summary.json,requests.csv}``; the sweep rewrites
 ``DIR/summary.csv`` (atomically) as each run finishes, so an interrupted sweep loses nothing and a rerun skips
-runs whose summary exists whole with the same settings (a missing, truncated or unreadable one is run
-again), then writes ``DIR/aggregate.csv`` (mean and 95% confidence interval per method and QPS) and the plots.
+runs whose summary and requests.csv exist whole with the same settings (a missing, truncated or unreadable
+one is run again, and a folder it cannot write is refused before any run), then writes ``DIR/aggregate.csv``
+(mean and 95% confidence interval per method and QPS) and the plots.
 
 One folder holds one sweep: ``DIR/.sweep.lock`` (an ``flock``, released when the process dies, even killed)
 keeps a second sweep out while one runs, and ``DIR/sweep.json`` records the trace, the settings and the runs.
@@ -33,17 +34,20 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 
 from prism.counters import SWEEP_COUNTERS
 from prism.errors import UserError
-from prism.metrics import RequestRecord, csv_float, read_summary, write_json, write_requests_csv
-from prism.output import check_out_file, prepare_out_dir, write_csv
+from prism.interrupts import HELD, InterruptsHeld, die_with_parent
+from prism.metrics import (RUN_FILES, RequestRecord, csv_columns, csv_float, read_summary, write_json,
+                           write_requests_csv)
+from prism.output import check_out_file, clear_leftovers, prepare_out_dir, prepare_run_dir, write_csv
 from prism.settings import RunSpec, for_method, for_router, settings_from
 from prism.traces.spec import is_materialized, load_trace, resolve
 from prism.traces.trace import Trace
@@ -118,11 +122,39 @@ def task_config(base: dict[str, Any], method: str, qps: float, seed: int | None,
 
 
 def finished_summary(task: RunTask) -> dict[str, Any] | None:
-    """The summary of a run a sweep of the same settings already finished, else None (run it)."""
+    """The summary of a run a sweep of the same settings already finished, else None (run it): a folder the
+    sweep cannot read whole (no summary, a truncated or damaged one, one of other settings or interrupted, a
+    requests.csv missing or cut short, a folder where a file goes) holds no finished run."""
     old = read_summary(task.folder / "summary.json")  # None for a missing, truncated or unreadable summary
-    if old is not None and old.get("sweep_digest") == task.digest() and old.get("complete", True):
-        return old
-    return None
+    if (old is None or old.get("sweep_digest") != task.digest() or old.get("complete", True) is not True
+            or _row_or_none(old) is None):
+        return None
+    return old if _whole_csv(task.folder / "requests.csv", old.get("num_requests"), task.instances > 1) else None
+
+
+def _row_or_none(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary.csv row of a summary, or None where a field it needs is missing or not a number."""
+    try:
+        row = row_of(summary)
+        float(row["qps"]), int(row["seed"])  # noqa: B018 (the row's key)
+        for m in AGG_METRICS:
+            if row.get(m) not in ("", None):
+                float(row[m])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return row
+
+
+def _whole_csv(path: Path, rows: Any, cluster: bool) -> bool:
+    """Whether ``path`` is a requests.csv of ``rows`` requests: its header, and one line per request (lines
+    counted, not parsed: a rerun reads every finished run's file)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    header = (",".join(csv_columns(cluster)) + "\r\n").encode()  # as csv.writer ends its lines
+    return (isinstance(rows, int) and data.startswith(header) and data.count(b"\n") == rows + 1
+            and data.endswith(b"\n"))
 
 
 def belady_hit_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
@@ -186,7 +218,7 @@ def simulate_task(task: RunTask) -> tuple[dict[str, Any], list[RequestRecord]]:
 
 def write_task(task: RunTask, summary: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
     """Write a run's folder (requests.csv, then summary.json) and return its summary."""
-    folder = task.folder
+    folder = task.folder  # cleared of an earlier attempt's files by the sweep (Sweep._run) before its runs began
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").unlink(missing_ok=True)  # never a new requests.csv beside an old summary
     write_requests_csv(records, folder / "requests.csv", cluster=task.instances > 1)
@@ -258,6 +290,32 @@ def _canonical(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
+@contextlib.contextmanager
+def folder_lock(out: Path, files: Iterable[str]) -> Iterator[Path]:
+    """Hold ``DIR/.sweep.lock`` for one sweep (a fleet sweep or a plan too), its folder and ``files`` checked
+    first: an ``flock``, released when the process dies, even killed; a second sweep gets one line. The lock file
+    holds the pid only while the sweep runs (for that line)."""
+    out = prepare_out_dir(out, "--out")
+    for name in (*files, MANIFEST, LOCK):
+        check_out_file(out / name, "--out")
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UserError(f"another sweep (pid {holder}) is writing in this folder; wait for it or use "
+                            "another --out", f"--out {out}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield out
+        finally:
+            os.ftruncate(fd, 0)  # the pid goes with the sweep: a finished folder holds no trace of the process
+    finally:
+        os.close(fd)  # releases the lock
+
+
 @dataclass
 class Sweep:
     trace: str
@@ -275,6 +333,7 @@ class Sweep:
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: list[RunTask] = field(default_factory=list)  # every run in the folder: earlier sweeps' and these
     _locked: bool = False
+    files: ClassVar[tuple[str, ...]] = SWEEP_FILES  # what it writes at its folder's top
 
     def _clusters(self) -> list[tuple[int, str]]:
         return [(n, r) for n in self.instances for r in (self.routers if n > 1 else [""])]
@@ -294,27 +353,12 @@ class Sweep:
         if self._locked:
             yield
             return
-        out = prepare_out_dir(self.out, "--out")
-        for name in (*SWEEP_FILES, MANIFEST, LOCK):
-            check_out_file(out / name, "--out")
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                raise UserError(f"another sweep (pid {holder}) is writing in this folder; wait for it or use "
-                                "another --out", f"--out {out}") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with folder_lock(self.out, self.files):
             self._locked = True
             try:
                 yield
             finally:
                 self._locked = False
-                os.ftruncate(fd, 0)  # the pid goes with the sweep: a finished folder holds no trace of the process
-        finally:
-            os.close(fd)  # releases the lock
 
     def identity(self) -> dict[str, Any]:
         """What a later sweep into the folder must share with this one to merge with it (``sweep.json``)."""
@@ -345,11 +389,15 @@ class Sweep:
         return earlier + [t for t in self.tasks() if t.key not in keys]
 
     def _remove_earlier(self) -> None:
-        for name in (*SWEEP_FILES, MANIFEST):
+        for name in (*self.files, MANIFEST):
             (self.out / name).unlink(missing_ok=True)
         for p in self.out.glob("ttft_cdf_qps*.png"):
             p.unlink()
-        shutil.rmtree(self.out / "runs", ignore_errors=True)
+        runs = self.out / "runs"
+        if runs.is_dir() and not runs.is_symlink():
+            shutil.rmtree(runs, ignore_errors=True)
+        else:
+            runs.unlink(missing_ok=True)  # a file (or a link) where the runs' folder goes
 
     def run(self, on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         with self.lock():
@@ -357,6 +405,12 @@ class Sweep:
 
     def _run(self, on_done: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         tasks = self.merged = self._merge_earlier()
+        for name in (*self.files, MANIFEST, "ttft_cdf_qps*.png"):  # a killed sweep's temporary files
+            clear_leftovers(self.out / name)
+        finished = {t.key: s for t in tasks if (s := finished_summary(t)) is not None}
+        todo = [t for t in tasks if t.key not in finished]
+        for t in todo:  # every folder a run will write: checked, and an earlier attempt's files gone, before any run
+            prepare_run_dir(t.folder, RUN_FILES, "")
         write_json({**self.identity(), "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
         order = {t.key: i for i, t in enumerate(tasks)}
         key = lambda r: (r.get("series") or r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
@@ -368,12 +422,15 @@ class Sweep:
             self.rows = sorted(rows.values(), key=lambda r: order[key(r)])
             write_csv(path, ROW_FIELDS, ({k: _fmt(r.get(k, "")) for k in ROW_FIELDS} for r in self.rows))
 
-        for summary in _execute(tasks, workers, self.ray_address):
-            row = row_of(summary)
-            rows[key(row)] = row
-            save()  # the whole file, atomically: never shorter than before the sweep
-            if on_done:
-                on_done(row)
+        # closed on any way out, Ctrl-C in save() included: the pool's workers are gone before the lock is
+        runs = _execute(list(finished.values()), todo, workers, self.ray_address)
+        with contextlib.closing(runs) as summaries:
+            for summary in summaries:
+                row = row_of(summary)
+                rows[key(row)] = row
+                save()  # the whole file, atomically: never shorter than before the sweep
+                if on_done:
+                    on_done(row)
         save()
         agg = aggregate(self.rows)
         agg_fields = (["series", "method", "router", "instances", "qps", "seeds"]
@@ -398,23 +455,45 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return good
 
 
+def _worker_started(parent: int) -> None:
+    """A pool worker's first step: it ends with the sweep (killed by the kernel should the sweep die, even by
+    SIGKILL) and leaves Ctrl-C, SIGTERM and SIGHUP to it: sent to the whole process group, they stop the sweep,
+    which stops its workers before it lets go of the folder's lock (:func:`worker_pool`)."""
+    die_with_parent(parent)
+    for sig in HELD:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A process pool of ``workers`` whose workers never outlive the block: left by an exception (Ctrl-C,
+    SIGTERM, an error), it kills them, drops the queued jobs and waits until they are gone, so that no worker
+    writes a run folder once the sweep has stopped."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_started, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        with InterruptsHeld():  # a second Ctrl-C must not leave workers running
+            # the pool's own table of its processes: the only handle on them before Python 3.14's kill_workers()
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def pool_size(workers: int, jobs: int) -> int:
     """Processes for ``jobs`` independent jobs: ``workers``, where 0 means one per CPU, and never more than the
     jobs (the sweep's runs, then its plots)."""
     return max(1, min(jobs, workers or os.cpu_count() or 1))
 
 
-def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None) -> Iterable[dict[str, Any]]:
-    """The summary of every task, as runs finish: finished ones read back, the others simulated and written
-    here or in a process pool, or simulated on Ray and written here."""
-    todo = []
-    for t in tasks:
-        done = finished_summary(t)
-        if done is not None:
-            yield done
-        else:
-            todo.append(t)
-    todo.sort(key=lambda t: (t.seed, t.qps))  # (stable) a trace's runs in a row, a seed's traces (_load_trace)
+def _execute(finished: list[dict[str, Any]], todo: list[RunTask], workers: int, ray_address: str | None = None
+             ) -> Iterable[dict[str, Any]]:
+    """The summary of every run, as runs finish: the ``finished`` ones', then those of ``todo`` simulated and
+    written here or in a process pool, or simulated on Ray and written here."""
+    yield from finished
+    todo = sorted(todo, key=lambda t: (t.seed, t.qps))  # (stable) a trace's runs in a row, a seed's traces
     if ray_address is not None:
         from prism.sim.ray_sweep import execute_on_ray  # ray is an optional extra
 
@@ -429,6 +508,6 @@ def _execute(tasks: list[RunTask], workers: int, ray_address: str | None = None)
             _RECENT_TRACES.clear()  # this process outlives the sweep: its traces go with it
             _RECENT_PROMPTS.clear()
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with worker_pool(workers) as pool:
         for fut in as_completed([pool.submit(run_task, t) for t in todo]):
             yield fut.result()

@@ -8,9 +8,12 @@ server or network call (those are replaced by stubs that fail the test if reache
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism.cli.calibrate import main as calibrate_main
 from prism.cli.live import main as live_main
@@ -190,6 +193,48 @@ validate-methods-empty          | live validate | --methods , | --methods
 validate-belady                 | live validate | --methods fcfs+belady | simulator only
 validate-dilation-zero          | live validate | --dilation 0 | --dilation
 validate-unused-knobs           | live validate | --methods sglang,fcfs --set qas.q_cold=2 | section 'qas'
+"""
+
+# One validation of the cluster section for every command: a sweep (and validate, theory) refuses what
+# prism-sim refuses, whether the section comes from --set or a flag
+CLUSTER_CASES = """
+sweep-cluster-instances-word      | sim sweep     | --set cluster.instances=abc | cluster: field 'instances': must be an integer, got 'abc'
+sweep-cluster-instances-list      | sim sweep     | --set cluster.instances=[1,2] | cluster: field 'instances': must be an integer
+sweep-cluster-instances-float     | sim sweep     | --set cluster.instances=2.5 | field 'instances': must be an integer, got 2.5
+sweep-cluster-instances-zero      | sim sweep     | --set cluster.instances=0 | field 'instances': must be > 0
+sweep-cluster-instances-negative  | sim sweep     | --set cluster.instances=-3 | field 'instances': must be > 0
+sweep-cluster-instances-huge      | sim sweep     | --set cluster.instances=5000 | field 'instances': must be <= 4096
+sweep-instances-flag-huge         | sim sweep     | --instances 2,5000 | field 'instances': must be <= 4096
+sweep-cluster-not-a-section       | sim sweep     | --set cluster=5 | cluster: expected a mapping of settings, got int
+sweep-cluster-unknown-key         | sim sweep     | --set cluster.instances=2 --set cluster.foo=1 | cluster: unknown field 'foo'
+sweep-cluster-unknown-key-1       | sim sweep     | --set cluster.foo=1 | cluster: unknown field 'foo'
+sweep-router-delay-negative       | sim sweep     | --instances 2 --set cluster.router_delay_s=-1 | field 'router_delay_s': must be >= 0
+sweep-router-delay-negative-set   | sim sweep     | --set cluster.instances=2 --set cluster.router_delay_s=-1 | field 'router_delay_s': must be >= 0
+sweep-view-interval-nan           | sim sweep     | --instances 2 --set cluster.view_interval_s=.nan | field 'view_interval_s'
+sweep-cluster-router-unknown      | sim sweep     | --set cluster.instances=2 --set cluster.router=magic | field 'router': must be one of
+sweep-profiles-for-fewer          | sim sweep     | --instances 2,4 --set cluster.profiles=[a800-80g:qwen3-4b-instruct-2507,a800-80g:qwen3-4b-instruct-2507] | 2 profiles for 4 instances
+validate-cluster-instances-word   | live validate | --set cluster.instances=abc | cluster: field 'instances': must be an integer
+validate-cluster-not-a-section    | live validate | --set cluster=[1] | cluster: expected a mapping of settings, got list
+theory-cluster-not-a-section      | theory        | --set cluster=5 | section 'cluster': prism-theory models one engine
+sim-router-on-one-engine          | sim           | --router rr | cluster: field 'router': a single engine has no router
+sim-instances-1-router            | sim           | --instances 1 --router lmetric | cluster: field 'router': a single engine has no router
+sim-router-delay-one-engine       | sim           | --set cluster.router_delay_s=1e-3 | field 'router_delay_s': a single engine has no router
+sim-view-interval-one-engine      | sim           | --set cluster.view_interval_s=0.05 | field 'view_interval_s': a single engine
+sim-router-knobs-one-engine       | sim           | --set lmetric.hot_streak=2 | section 'lmetric': a router's knobs, and a single engine
+sim-router-knobs-with-its-router  | sim           | --router lmetric --set lmetric.hot_streak=2 | cluster: field 'router'
+sim-cache-aware-knobs-one-engine  | sim           | --set cache_aware.cache_threshold=0.5 | section 'cache_aware': a router's knobs
+sim-profiles-one-engine           | sim           | --set cluster.profiles=[a800-80g:qwen3-4b-instruct-2507] | field 'profiles': a single engine runs on --profile
+sweep-routers-one-engine          | sim sweep     | --routers rr | --routers: every run is on one engine
+sweep-routers-instances-1         | sim sweep     | --instances 1 --routers rr,lmetric | --routers: every run is on one engine
+sweep-router-one-engine           | sim sweep     | --set cluster.router=rr | cluster: field 'router': a single engine
+sweep-router-delay-one-engine     | sim sweep     | --set cluster.router_delay_s=0.001 | field 'router_delay_s': a single engine
+sweep-router-knobs-one-engine     | sim sweep     | --instances 1 --set lmetric.hot_streak=2 | section 'lmetric': a router's knobs
+theory-router-knobs               | theory        | --set lmetric.hot_streak=2 | section 'lmetric': a router's knobs
+live-router-one-engine            | live          | --router rr | cluster: field 'router': a single engine
+live-router-knobs-one-engine      | live          | --set cache_aware.cache_threshold=0.5 | section 'cache_aware'
+validate-router-one-engine        | live validate | --set cluster.router=rr | cluster: field 'router': a single engine
+validate-router-knobs-one-engine  | live validate | --set lmetric.hot_streak=2 | section 'lmetric'
+validate-cluster-with-url         | live validate | --set cluster.instances=2 --url http://127.0.0.1:9 | --url attaches to one server; cluster.instances 2
 """
 
 
@@ -610,10 +655,92 @@ CASES += [
     ("profile-empty", "sim", {}, ["--trace", "zipf", "--profile", ""], "error: --profile: empty value"),
     ("config-profile-empty", "sim", {"c.yaml": "profile: ''\n"}, ["--trace", "zipf", "--config", "{d}/c.yaml"],
      "c.yaml: field 'profile': must be a non-empty string"),
-    ("cluster-profiles-unknown-gpu", "sim", {}, ["--trace", "zipf", "--set", "cluster.profiles=[x:y]"],
+    ("cluster-profiles-unknown-gpu", "sim", {}, ["--trace", "zipf", "--instances", "2", "--set",
+                                                 "cluster.profiles=[x:y, x:y]"],
      "cluster.profiles: unknown GPU 'x'"),
 ]
 CASES += zipf_cases(ZIPF_CASES)
+M_CSV = CSV_HEAD + PREFILLS + DECODES
+M_SPEC = "kind: mooncake\npath: {d}/m.jsonl\n"
+CASES += [
+    # --- an output that is one of the inputs; a command that fails creates no output folder ---
+    ("fit-output-is-its-input", "calibrate", {"m.csv": M_CSV}, ["fit", "{d}/m.csv", "-o", "{d}/m.csv"],
+     "m.csv: is the input /"),
+    ("fit-output-is-its-input-spelled-otherwise", "calibrate", {"m.csv": M_CSV, "sub/x": ""},
+     ["fit", "{d}/m.csv", "-o", "{d}/sub/../m.csv"], "/sub/../m.csv: is the input /"),
+    ("fit-residual-plot-is-its-input", "calibrate", {"p.residuals.png": M_CSV},
+     ["fit", "{d}/p.residuals.png", "-o", "{d}/p.yaml"], "/p.residuals.png: is the input /"),
+    ("trace-gen-output-is-its-spec", "trace", {"s.yaml": "kind: zipf_hotspot\nnum_requests: 20\n"},
+     ["gen", "{d}/s.yaml", "-o", "{d}/s.yaml"], "/s.yaml: is the input /"),
+    ("trace-gen-output-is-its-jsonl", "trace", {"t.jsonl": GOOD_TRACE}, ["gen", "{d}/t.jsonl", "-o", "{d}/t.jsonl"],
+     "/t.jsonl: is the input /"),
+    ("fit-bad-csv-makes-no-folder", "calibrate", {"m.csv": CSV_HEAD + "warmup,1,128,0,,0.01\n"},
+     ["fit", "{d}/m.csv", "-o", "{d}/new/deeper/p.yaml"], "field 'kind'"),
+    ("fit-unknown-gpu-makes-no-folder", "calibrate", {"m.csv": M_CSV},
+     ["fit", "{d}/m.csv", "-o", "{d}/new/p.yaml", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+    ("synth-bad-profile-makes-no-folder", "calibrate", {}, ["synth", "-o", "{d}/new/m.csv", "--profile", "x:y"],
+     "unknown GPU 'x'"),
+    ("trace-gen-bad-spec-makes-no-folder", "trace", {"s.yaml": "kind: zipf_hotspot\nqps: -1\n"},
+     ["gen", "{d}/s.yaml", "-o", "{d}/new/t.jsonl"], "field 'qps'"),
+    # --- nonsense in traces ---
+    ("jsonl-segment-redeclared-other-first", "sim", {"t.jsonl": trace_with({"seg": "s", "kind": "sys", "first": 9},
+                                                                           req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: segment 's' declared again with other tokens (first at /"),
+    ("jsonl-segment-redeclared-other-tokens", "sim",
+     {"t.jsonl": jl(HEAD, {"seg": "s", "kind": "sys", "tokens": [5, 6, 7, 8]}, Q_SEG,
+                    {"seg": "s", "kind": "sys", "tokens": [5, 6, 7, 9]}, req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: segment 's' declared again with other tokens"),
+    ("jsonl-segment-redeclared-tokens-for-first", "sim",
+     {"t.jsonl": trace_with({"seg": "s", "kind": "sys", "tokens": [1, 2, 3, 4]}, req(0))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:4: segment 's' declared again"),
+    ("jsonl-segment-redeclared-after-use", "sim",
+     {"t.jsonl": trace_with(req(0), {"seg": "q", "kind": "priv", "first": 3}, req(1))},
+     ["--trace", "{d}/t.jsonl"], "t.jsonl:5: segment 'q' declared again"),
+    ("mooncake-hash-negative", "sim", {"m.jsonl": jl(mc(0, hashes=(1, -2)))}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:1: field 'hash_ids': must be a non-empty list of integers >= 0"),
+    ("mooncake-hash-negative-line3", "sim", {"m.jsonl": jl(mc(0), mc(1), mc(2, hashes=(-7, 3)))},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:3: field 'hash_ids'"),
+    ("mooncake-spec-hash-negative", "sim", {"s.yaml": M_SPEC, "m.jsonl": jl(mc(0, hashes=(-1, 2)))},
+     ["--trace", "{d}/s.yaml"], "m.jsonl:1: field 'hash_ids'"),
+    ("agent-tokenizer-empty", "sim", {"s.yaml": AGENT_SPEC + "tokenizer: ''\n"}, ["--trace", "{d}/s.yaml"],
+     "s.yaml: field 'tokenizer': empty path"),
+    ("agent-data-path-empty", "sim", {"s.yaml": "kind: agent\ndomain: airline\ndata_path: ''\n"},
+     ["--trace", "{d}/s.yaml"], "s.yaml: field 'data_path': empty path"),
+    ("mooncake-spec-path-empty", "sim", {"s.yaml": "kind: mooncake\npath: ''\n"}, ["--trace", "{d}/s.yaml"],
+     "s.yaml: field 'path': empty path"),
+    ("zipf-corpus-path-empty", "sim", {"s.yaml": "kind: zipf_hotspot\ncorpus: multihop_rag\ncorpus_path: ''\n"},
+     ["--trace", "{d}/s.yaml"], "s.yaml: field 'corpus_path': empty path"),
+    # --- error lines that name the right thing ---
+    ("fit-csv-column-twice", "calibrate", {"m.csv": CSV_HEAD.replace("seconds", "seconds,seconds") + PREFILLS},
+     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:1: column 'seconds' named twice in the header"),
+    ("fit-csv-kind-twice", "calibrate", {"m.csv": "kind," + CSV_HEAD + "x," + PREFILLS},
+     ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"], "m.csv:1: column 'kind' named twice"),
+    ("mooncake-line-without-hash-ids", "sim", {"m.jsonl": jl({"timestamp": 0, "input_length": 600,
+                                                              "output_length": 10})},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:1: missing field 'hash_ids'"),
+    ("mooncake-line-only-timestamp", "sim", {"m.jsonl": jl({"timestamp": 0})}, ["--trace", "{d}/m.jsonl"],
+     "m.jsonl:1: missing field 'input_length'"),
+    ("mooncake-line-without-timestamp", "sim", {"m.jsonl": jl({"input_length": 600, "output_length": 10,
+                                                               "hash_ids": [1, 2]})},
+     ["--trace", "{d}/m.jsonl"], "m.jsonl:1: missing field 'timestamp'"),
+    ("stats-mooncake-without-hash-ids", "trace", {"m.jsonl": jl({"timestamp": 0, "input_length": 600,
+                                                                "output_length": 10})},
+     ["stats", "{d}/m.jsonl"], "m.jsonl:1: missing field 'hash_ids'"),
+]
+PACE_AND_LIST_CASES = """
+live-pace-word                  | live          | --pace nosuch | --pace: profile 'nosuch'
+live-pace-unknown-gpu           | live          | --pace nosuch:qwen3-8b | --pace: unknown GPU 'nosuch'
+live-pace-unknown-model         | live          | --pace a800-80g:nosuch | --pace: unknown model 'nosuch'
+live-pace-missing-file          | live          | --pace /nonexistent/p.yaml | --pace: /nonexistent/p.yaml: no such file
+validate-pace-word              | live validate | --pace nosuch | --pace: profile 'nosuch'
+"""
+CASES += zipf_cases(PACE_AND_LIST_CASES)
+MEASURE = ["measure", "--url", "http://127.0.0.1:9", "-o", "{d}/m.csv"]
+CASES += [(f"measure-{flag[2:]}-{name}", "calibrate", {}, [*MEASURE, flag, value],
+           f"{flag}: expected comma-separated integers with none empty")
+          for flag in ("--prefill-sizes", "--cached", "--batch-sizes", "--decode-context")
+          for name, value in (("empty-item", "128,,512"), ("trailing-comma", "128,"), ("blank", " "))]
+CASES += zipf_cases(CLUSTER_CASES)
 CASES += file_cases(PROFILE_CASES, "sim", "p.yaml", ["--trace", "zipf", "--profile", "{d}/p.yaml"])
 CASES += file_cases(FIT_CASES, "calibrate", "m.csv", ["fit", "{d}/m.csv", "-o", "{d}/p.yaml"])
 
@@ -663,7 +790,9 @@ def test_bad_input(tmp_path, capsys, cli, files, argv, fragment):
         p = tmp_path / name
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(content if isinstance(content, bytes) else content.replace("{d}", str(tmp_path)).encode())
+    given = sorted(tmp_path.rglob("*"))
     code, err = run_cli(cli, _argv(cli, argv, str(tmp_path)), capsys)
+    assert sorted(tmp_path.rglob("*")) == given, "a refused command wrote (or made a folder) beside its inputs"
     assert code == 2, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -748,3 +877,88 @@ def test_yaml_and_json_nesting_up_to_the_bound_is_read(tmp_path):
 
     assert parse_yaml("[" * MAX_NESTING + "]" * MAX_NESTING, "x") is not None
     assert parse_json("[" * MAX_NESTING + "]" * MAX_NESTING, "x") is not None
+
+
+FLOAT_FORMS = ["{!r}", "{:e}", "{:E}", "{:g}", "{:.3e}", "{:+e}", "{:.0e}", "{:f}"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300),
+       form=st.sampled_from(FLOAT_FORMS))
+def test_numbers_as_people_write_them(x, form):
+    """Every float form Python reads is the number it means, in --set and in a YAML file alike (YAML 1.1 alone
+    reads ``1e-3`` as a string): the same float as ``float(text)``."""
+    from prism.config import parse_override, parse_yaml
+
+    text = form.format(x)
+    assert parse_override(f"cluster.router_delay_s={text}") == (["cluster", "router_delay_s"], float(text))
+    assert parse_yaml(f"qas: {{w_a: {text}}}\n", "k.yaml") == {"qas": {"w_a": float(text)}}
+
+
+@pytest.mark.parametrize("text,value", [
+    ("1e-3", 0.001), ("2E5", 2e5), ("1.5e3", 1500.0), ("-.5", -0.5), ("+.25", 0.25), ("1_000.5", 1000.5),
+    ("5.e2", 500.0), (".5E-2", 0.005), ("10", 10), ("1_000", 1000), ("0.001", 0.001), ("1.0e-3", 0.001),
+    ("1e", "1e"), ("e3", "e3"), ("1.2.3", "1.2.3"), ("1e3e", "1e3e"), ("abc", "abc"), ("true", True),
+    ("a800-80g:qwen3-4b-instruct-2507", "a800-80g:qwen3-4b-instruct-2507"),
+])
+def test_what_reads_as_a_number_and_what_stays_text(text, value):
+    from prism.config import parse_override
+
+    got = parse_override(f"x={text}")[1]
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("text", ["inf", "-Infinity", "nan", "+INF"])
+def test_infinite_and_nan_words_are_numbers_refused_as_such(tmp_path, capsys, text):
+    code, err = run_cli("sim", ["--trace", "zipf", "--instances", "2", "--set", f"cluster.router_delay_s={text}"],
+                        capsys)
+    assert code == 2 and "field 'router_delay_s': must be a finite number" in err, err
+
+
+def test_e_notation_in_settings_and_knob_files(tmp_path):
+    """``1e-3`` in --set and ``1e6`` in a YAML knob file reach the run as the numbers they are."""
+    from prism.settings import merge_flags, read_config, settings_from
+
+    (tmp_path / "k.yaml").write_text("method: prism\nqas: {w_a: 1e6, w_n: 1E5}\ncluster: {view_interval_s: 5e-2}\n"
+                                     "engine: {max_total_tokens: 32768}\n")
+    data = merge_flags(read_config(str(tmp_path / "k.yaml")), ["cluster.router_delay_s=1e-3"], instances=2,
+                       router="rr")
+    s = settings_from(data, "k.yaml")
+    assert s.cluster.router_delay_s == 0.001 and s.cluster.view_interval_s == 0.05
+    assert s.policy_configs["qas"].w_a == 1e6 and s.policy_configs["qas"].w_n == 1e5
+
+
+def test_a_measurement_that_cannot_reach_its_server_makes_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.undo()  # the real measurement: it fails at its first request
+    code, err = run_cli("calibrate", ["measure", "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "new" / "m.csv")],
+                        capsys)
+    assert code == 2 and "cannot reach the server at http://127.0.0.1:9" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_output_linked_to_its_input_is_refused(tmp_path, capsys):
+    (tmp_path / "m.csv").write_text(M_CSV)
+    (tmp_path / "link.csv").symlink_to(tmp_path / "m.csv")
+    os.link(tmp_path / "m.csv", tmp_path / "hard.csv")
+    for out in ("link.csv", "hard.csv"):
+        code, err = run_cli("calibrate", ["fit", str(tmp_path / "m.csv"), "-o", str(tmp_path / out)], capsys)
+        assert code == 2 and f"{out}: is the input {tmp_path / 'm.csv'}" in err, err
+    assert (tmp_path / "m.csv").read_text() == M_CSV
+
+
+def test_a_segment_declared_twice_alike_is_read(tmp_path, capsys):
+    """Only a second declaration that says something else is refused: the same line twice is harmless."""
+    from prism.traces.trace import load
+
+    (tmp_path / "t.jsonl").write_text(trace_with(SYS_SEG, {"seg": "t", "kind": "reuse", "tokens": [7, 8]},
+                                                 {"seg": "t", "kind": "reuse", "tokens": [7, 8]}, req(0)))
+    assert len(load(tmp_path / "t.jsonl").requests) == 1
+
+
+def test_validate_never_names_a_flag_it_lacks(tmp_path, capsys):
+    """validate has no --instances and no --router: its lines about clusters name the settings."""
+    for flags in (["--set", "cluster.instances=2", "--url", "http://127.0.0.1:9"], ["--set", "cluster.router=rr"],
+                  ["--set", "lmetric.guard=false"], ["--set", "cluster.instances=2", "--set", "lmetric.guard=false"],
+                  ["--set", "cluster.router_delay_s=0.001"], ["--set", "cluster.instances=2", "--port", "65535"]):
+        code, err = run_cli("live", _argv("live", ["validate", "--trace", "zipf", *flags], str(tmp_path)), capsys)
+        assert code == 2 and "--instances" not in err and "--router " not in err and "(--router)" not in err, err

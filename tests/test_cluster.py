@@ -111,9 +111,9 @@ def test_lmetric_guard_bounds_a_hot_instance_end_to_end():
     def run(guard):
         knobs = {"lmetric": {"guard": guard}}
         spec = RunSpec.build(tr, "lpm", "lru", engine=EngineConfig(max_total_tokens=200_000))
-        spec = dataclasses.replace(spec, cluster=ClusterConfig(instances=4, router="lmetric"),
-                                   router_configs=settings_from({"cluster": {"router": "lmetric"}, **knobs})
-                                   .router_configs)
+        cluster = {"instances": 4, "router": "lmetric"}
+        spec = dataclasses.replace(spec, cluster=ClusterConfig(**cluster),
+                                   router_configs=settings_from({"cluster": cluster, **knobs}).router_configs)
         return simulate(spec).summary
 
     pure, guarded = run(False), run(True)

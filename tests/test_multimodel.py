@@ -211,13 +211,3 @@ def test_bad_multi_model_input_is_one_line(tmp_path, capsys, models, kw, fragmen
     lines = out.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in out.err, out.err
     assert lines[0].startswith("prism-trace: error: ") and "mm.yaml" in lines[0] and fragment in lines[0], lines
-
-
-def test_prism_sim_refuses_a_multi_model_trace_until_the_fleet_simulator_runs_it(tmp_path, capsys):
-    """One engine would serve every model's requests as one model's: refused, one line, before anything runs."""
-    from prism.cli.sim import main as sim_main
-
-    code = sim_main(["--trace", "multimodel", "--out", str(tmp_path / "o"), "--no-progress"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "error: multimodel: a trace of several models" in err[0], err
-    assert not (tmp_path / "o").exists()

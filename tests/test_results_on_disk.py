@@ -7,6 +7,7 @@ import csv
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from prism.cli.sim import main as sim_main
 from prism.errors import UserError
 from prism.metrics import csv_float
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text
+from processes import alive, as_from_a_terminal, descendants
 
 SMALL = ["--set", "trace.num_requests=30"]
 
@@ -60,23 +62,35 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _stopped_run(tmp_path, argv, sig, **env):
-    """Start the driver, wait until it stops where asked, send ``sig``; return (exit code, stderr)."""
+def _stopped_run(tmp_path, argv, sig, group=False, **env):
+    """Start the driver, wait until it stops where asked, send ``sig`` (to its whole process group: ``group``);
+    return (exit code, stderr)."""
+    code, err, _ = _signalled(tmp_path, argv, sig, group, **env)
+    return code, err
+
+
+def _signalled(tmp_path, argv, sig, group=False, **env):
+    """As :func:`_stopped_run`, also returning the pids of the driver's descendants when the signal went."""
     mark, go = tmp_path / "mark", tmp_path / "mark.go"
     mark.unlink(missing_ok=True)
     go.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}})
+                            env={**os.environ, "MARK": str(mark), **{k: str(v) for k, v in env.items()}},
+                            start_new_session=group, preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while not mark.exists():
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(sig)
+    children = descendants(proc.pid)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     time.sleep(0.2)  # delivered before the wait may end
     go.touch()
     _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+    return proc.returncode, err, children
 
 
 def _sim(out, *extra):
@@ -98,26 +112,36 @@ def test_sigkill_mid_run_leaves_no_stale_summary(tmp_path, capsys):
     assert (out / "requests.csv").exists() and not (out / "summary.json").exists()
 
 
-def test_sigint_writes_partial_summary(tmp_path):
+STOPPING = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # Ctrl-C, kill, a closed terminal: all alike
+
+
+@pytest.mark.parametrize("sig", STOPPING)
+def test_sigint_writes_partial_summary(tmp_path, sig):
+    """Ctrl-C, SIGTERM or SIGHUP keeps the finished requests and writes the partial summary; the exit status is
+    the shell's for that signal (128 + its number: 130, 143, 129)."""
     out = tmp_path / "run"
-    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, AFTER=12)
-    assert code == 130
+    code, err, children = _signalled(tmp_path, _sim(out), sig, AFTER=12)
+    assert code == 128 + sig, err
     err = err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "interrupted after 12 of 30 requests" in err and str(out / "summary.json") in err
+    assert "complete: false" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is False and summary["num_requests"] == 12
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert len(rows) == 12 and [int(r["id"]) for r in rows] == sorted(int(r["id"]) for r in rows)
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+    assert alive(children) == []
 
 
-def test_sigint_after_the_run_finished_writes_it_whole(tmp_path):
-    """Ctrl-C while a finished run's files are being written waits for them: both whole, the summary
-    complete, and the exit says it was interrupted (a requests.csv without its summary would read as a
-    killed run)."""
+@pytest.mark.parametrize("sig", STOPPING)
+def test_sigint_after_the_run_finished_writes_it_whole(tmp_path, sig):
+    """Ctrl-C (or SIGTERM, SIGHUP) while a finished run's files are being written waits for them: both whole,
+    the summary complete, and the exit says it was interrupted (a requests.csv without its summary would read
+    as a killed run)."""
     out = tmp_path / "run"
-    code, err = _stopped_run(tmp_path, _sim(out), signal.SIGINT, HANG_IN="summary")
-    assert code == 130
+    code, err = _stopped_run(tmp_path, _sim(out), sig, HANG_IN="summary")
+    assert code == 128 + sig
     err = err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "interrupted after the run finished" in err and "complete: true" in err
@@ -180,6 +204,45 @@ def test_sigint_mid_sweep_says_what_is_done_and_a_rerun_finishes(tmp_path, capsy
     assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
 
 
+def _files(folder):
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, False),
+                                       (signal.SIGHUP, True), (signal.SIGINT, True)])
+def test_a_signal_stops_a_pooled_sweep_with_its_workers(tmp_path, capsys, sig, group):
+    """SIGTERM or SIGHUP to a sweep's parent alone, or any of them to its whole process group: the sweep says
+    what is done (one line, 128 + the signal), its pool workers end with it (none runs on, none writes after
+    the lock is gone), and the same command then runs the rest, leaving no temporary file behind."""
+    out = tmp_path / "sw"
+    argv = [*_sweep(out, "fcfs", "20,30,40"), "--workers", "2"]  # a worker stops in its first run
+    code, err, children = _signalled(tmp_path, argv, sig, group, AFTER=12)
+    assert len(children) >= 2  # the pool's workers, all stopped in or before their first run
+    assert code == 128 + sig, err
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "interrupted with 0 of 3 runs done" in err and "the same command runs the rest" in err
+    assert alive(children) == []
+    with open(out / ".sweep.lock") as f:  # nobody holds the lock any more
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    before = _files(out)
+    time.sleep(0.5)
+    assert _files(out) == before  # nothing written once the sweep ended
+    assert not list(out.glob("runs/*/*/summary.json"))
+    assert sim_main(argv) == 0
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0), ("fcfs", 40.0)]
+    assert not [p for p in out.rglob(".*") if p.name != ".sweep.lock"]
+
+
+def test_sigterm_mid_sweep_in_one_process_keeps_the_finished_runs(tmp_path, capsys):
+    out = tmp_path / "sw"
+    code, err = _stopped_run(tmp_path, _sweep(out, "fcfs", "20,30"), signal.SIGTERM, AFTER=40)  # in the 2nd run
+    assert code == 143 and f"interrupted with 1 of 2 runs done in {out}" in err, err
+    assert _rows(out) == [("fcfs", 20.0)]
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
 def test_truncated_run_summary_is_run_again(tmp_path, capsys):
     out = tmp_path / "sw"
     assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
@@ -191,6 +254,121 @@ def test_truncated_run_summary_is_run_again(tmp_path, capsys):
     assert json.loads(run.read_text())["complete"] is True
     assert kept.read_text() == first_kept  # a finished run is not simulated again
     assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+
+
+@pytest.fixture(scope="module")
+def _finished_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "sw"
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0
+    return out
+
+
+@pytest.fixture
+def finished_sweep(_finished_sweep, tmp_path):
+    """A copy of a finished sweep of fcfs at 20 and 30 QPS (made once: the tests damage their own copy)."""
+    return shutil.copytree(_finished_sweep, tmp_path / "sw")
+
+
+def _damage_missing_field(run):
+    s = json.loads((run / "summary.json").read_text())
+    del s["ttft_s"]
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def _damage_field_type(run):
+    s = json.loads((run / "summary.json").read_text())
+    s["hit_rate"] = "high"
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def _damage_not_an_object(run):
+    (run / "summary.json").write_text("[1, 2]")
+
+
+def _damage_csv_cut(run):
+    data = (run / "requests.csv").read_bytes()
+    (run / "requests.csv").write_bytes(data[: len(data) // 2])
+
+
+def _damage_csv_gone(run):
+    (run / "requests.csv").unlink()
+
+
+def _damage_leftover(run):  # a killed sweep: its worker's temporary file, and no requests.csv or summary
+    (run / "summary.json").unlink()
+    (run / "requests.csv").rename(run / ".requests.4242.tmp.csv")
+    (run.parent.parent.parent / ".summary.4242.tmp.csv").write_text("half")
+
+
+@pytest.mark.parametrize("damage", [_damage_missing_field, _damage_field_type, _damage_not_an_object,
+                                    _damage_csv_cut, _damage_csv_gone, _damage_leftover])
+def test_a_damaged_run_is_run_again(finished_sweep, capsys, damage):
+    """A run the sweep cannot read whole (its summary of the right settings but missing a field or holding
+    one of the wrong type, not a JSON object; its requests.csv cut short or gone; a killed writer's leftovers)
+    is not done: the rerun simulates it again and leaves the finished one alone."""
+    out = finished_sweep
+    run, kept = out / "runs" / "fcfs" / "qps20-seed0", out / "runs" / "fcfs" / "qps30-seed0"
+    first_kept = (kept / "summary.json").read_text()
+    damage(run)
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0, capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["complete"] is True
+    assert len(list(csv.DictReader((run / "requests.csv").open()))) == 30
+    assert (kept / "summary.json").read_text() == first_kept
+    assert sorted(_rows(out)) == [("fcfs", 20.0), ("fcfs", 30.0)]
+    assert not [p for p in out.rglob(".*") if p.name != ".sweep.lock"]
+
+
+@pytest.mark.parametrize("where,make", [
+    ("runs/fcfs/qps20-seed0/summary.json", lambda p: p.mkdir()),
+    ("runs/fcfs/qps20-seed0/requests.csv", lambda p: p.mkdir()),
+    ("runs", lambda p: p.write_text("not a folder")),
+    ("runs/fcfs", lambda p: p.write_text("not a folder")),
+])
+def test_a_run_folder_the_sweep_cannot_write_is_refused_in_one_line(finished_sweep, capsys, where, make):
+    """A folder where a run's file goes, or a file where its folder goes: one line naming the path, before any
+    run (a run of the sweep, done or not, is not simulated)."""
+    out = finished_sweep
+    shutil.rmtree(out / "runs")
+    target = out / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    make(target)
+    summary_csv = (out / "summary.csv").read_text()
+    code = sim_main(_sweep(out, "fcfs", "20,30"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(target) in err
+    assert (out / "summary.csv").read_text() == summary_csv
+
+
+@pytest.fixture
+def immutable():
+    """``immutable(folder)``: a folder nobody may write in, root included (chattr +i; undone after the test)."""
+    made = []
+
+    def make(folder):
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not allowed here (needs CAP_LINUX_IMMUTABLE on ext4 or the like)")
+        made.append(folder)
+
+    yield make
+    for folder in made:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_run_folder_is_refused_or_left_alone(finished_sweep, capsys, immutable):
+    """A run folder the sweep may not write in: a finished run in it is read and kept; one to run again is
+    refused with one line naming the folder, before any run."""
+    out = finished_sweep
+    done, todo = out / "runs" / "fcfs" / "qps20-seed0", out / "runs" / "fcfs" / "qps30-seed0"
+    immutable(done)
+    assert sim_main(_sweep(out, "fcfs", "20,30")) == 0  # nothing to write there
+    (todo / "summary.json").unlink()
+    immutable(todo)
+    summary_csv = (out / "summary.csv").read_text()
+    code = sim_main(_sweep(out, "fcfs", "20,30"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{todo}: cannot write in {todo}" in err, err
+    assert (out / "summary.csv").read_text() == summary_csv
 
 
 def test_sigkill_while_writing_summary_csv_keeps_the_old_one(tmp_path, capsys):
@@ -319,14 +497,47 @@ def test_sweep_refuses_bad_settings_before_touching_its_folder(tmp_path, capsys,
     assert not out.exists()
 
 
-def test_a_live_run_that_never_served_leaves_no_requests_csv(tmp_path, capsys):
-    """A server that never answers leaves the one-line error and no results: a requests.csv of its header alone
-    would read as a killed run."""
+def test_a_live_server_that_never_answers_leaves_nothing(tmp_path, capsys):
+    """A server that accepts connections but never answers: one line once --startup-timeout is spent, and
+    nothing written (the server is checked before the run folder is touched)."""
+    import socket
+
     from prism.cli.live import main as live_main
 
     out = tmp_path / "lv"
-    code = live_main(["--trace", "zipf", *SMALL, "--url", "http://127.0.0.1:9", "--startup-timeout", "1",
-                      "--no-progress", "--out", str(out)])
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        code = live_main(["--trace", "zipf", *SMALL, "--url", f"http://127.0.0.1:{port}", "--startup-timeout", "1",
+                          "--no-progress", "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "did not become healthy" in err and len(err.splitlines()) == 1, err
-    assert out.is_dir() and not list(out.iterdir())
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [[], ["validate"]])
+@pytest.mark.parametrize("url,why", [("http://127.0.0.1:{port}", "nothing listens at http://127.0.0.1:{port}: "
+                                                                "connection refused"),
+                                     ("http://127.0.0.1", "the URL names no port: http's 80"),
+                                     ("http://nosuchhost.invalid:30000", "cannot resolve the host")])
+def test_an_unreachable_live_server_is_one_line_at_once(tmp_path, capsys, command, url, why):
+    """prism-live and validate on a closed port, a URL without a port (80, where nothing listens here) or a
+    host that does not resolve: one line naming --url at once, not the start-up timeout's polling, and nothing
+    written (validate has not simulated either)."""
+    import socket
+
+    from prism.cli.live import main as live_main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "lv"
+    t0 = time.monotonic()
+    code = live_main([*command, "--trace", "zipf", *SMALL, "--url", url.format(port=port), "--no-progress",
+                      "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "error: --url: " in err and why.format(port=port) in err, err
+    assert time.monotonic() - t0 < 60  # the start-up timeout is 300 s
+    assert not out.exists()

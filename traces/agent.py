@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from prism.config import choice, parse_json, path_kind, positive, rate, read_text, tokens, within
+from prism.config import choice, optional_path, parse_json, path_kind, positive, rate, read_text, tokens, within
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable, stable_hash
 from prism.errors import UserError
 
@@ -77,10 +77,10 @@ class AgentSpec(GeneratedTraceSpec):
     kind: str = "agent"
     qps: float = rate(40.0, "mean arrival rate, requests/s")
     domain: str = choice("both", ("both", "airline", "retail"), "τ-bench domain(s)")
-    data_path: str | None = None  # folder holding airline/ and retail/; default ../shared/data/tau_bench
+    data_path: str | None = optional_path("folder holding airline/ and retail/ (default ../shared/data/tau_bench)")
     concurrent_sessions: int = positive(16, "sessions whose calls interleave", le=MAX_SESSIONS)
     max_prompt_tokens: int = tokens(40960, "end a session before a prompt would exceed this")
-    tokenizer: str | None = None  # a local Hugging Face tokenizer directory; default: the local tokenizer
+    tokenizer: str | None = optional_path("a local Hugging Face tokenizer directory (default: the local tokenizer)")
     vocab_size: int = within(32000, RESERVED + 1, MAX_TOKEN_ID + 1, "local tokenizer vocabulary")
 
 

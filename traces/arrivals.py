@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from prism.config import choice, count, nonneg, path_kind, rate, read_text, tokens, within
+from prism.config import (check_csv_header, choice, count, nonneg, optional_path, path_kind, rate, read_text, tokens,
+                          within)
 from prism.errors import UserError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class ArrivalSpec:
     process: str = choice("poisson", PROCESSES, "inter-arrival process")
     qps: float = rate(60.0, "target mean arrival rate, requests/s")
     cv: float = variation(1.0, "gamma: coefficient of variation of inter-arrival gaps (1 = Poisson)")
-    azure_path: str | None = None  # folder of AzureLLMInferenceTrace_{code,conv}.csv; default ../shared/data
+    azure_path: str | None = optional_path("folder of AzureLLMInferenceTrace_{code,conv}.csv (default "
+                                           "../shared/data/azure_llm)")
 
 
 @dataclass
@@ -137,10 +139,8 @@ def _azure_rows(path: Path, limit: int | None, tokens: bool):
     if path_kind(path) != "file":
         raise UserError("Azure trace not found (pass arrival.azure_path)", str(path))
     reader = csv.DictReader(io.StringIO(read_text(path, "CSV file"), newline=""))
-    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if tokens else ("TIMESTAMP",)
-    for column in need:
-        if reader.fieldnames is None or column not in reader.fieldnames:
-            raise UserError(f"missing column {column}", str(path))
+    check_csv_header(reader.fieldnames, f"{path}:1",
+                     ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if tokens else ("TIMESTAMP",))
     count = 0
     for i, row in enumerate(reader, start=2):
         raw = (row["TIMESTAMP"] or "").strip()

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from prism.config import MAX_TOKENS, choice, count, nonneg, path_kind, rate, read_jsonl, tokens, within
+from prism.config import MAX_TOKENS, choice, count, nonneg, optional_path, path_kind, rate, read_jsonl, tokens, within
 from prism.core import REUSE, Request, SegmentTable
 from prism.errors import UserError
 
@@ -35,7 +35,7 @@ MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-6, 1e6
 @dataclass
 class MooncakeSpec:
     kind: str = "mooncake"
-    path: str | None = None  # default ../shared/data/mooncake/conversation_trace.jsonl
+    path: str | None = optional_path("the trace file (default ../shared/data/mooncake/conversation_trace.jsonl)")
     seed: int = nonneg(0, "seed of synthetic arrivals")
     num_requests: int | None = count(None, "request cap (null: the whole trace)")
     qps: float | None = rate(None, "target mean rate (rescales the timestamps; null: keep them)")
@@ -89,8 +89,8 @@ def read_records(path: Path, limit: int | None = None) -> list[dict]:
             raise UserError(f"field 'timestamp': {ts!r} is earlier than the previous line's "
                             f"{out[-1]['timestamp']!r} (timestamps must not decrease)", where)
         hashes = rec["hash_ids"]
-        if not isinstance(hashes, list) or not hashes or not all(_int(h) for h in hashes):
-            raise UserError("field 'hash_ids': must be a non-empty list of integers", where)
+        if not isinstance(hashes, list) or not hashes or not all(_int(h) and h >= 0 for h in hashes):
+            raise UserError("field 'hash_ids': must be a non-empty list of integers >= 0 (block hashes)", where)
         if not _int(rec["input_length"]) or not 1 <= rec["input_length"] <= MAX_TOKENS:
             raise UserError(f"field 'input_length': must be an integer in 1..{MAX_TOKENS}", where)
         if not _int(rec["output_length"]) or not 0 <= rec["output_length"] <= MAX_TOKENS:

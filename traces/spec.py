@@ -111,6 +111,11 @@ def is_materialized(path: Path) -> bool:
     return path.suffix in (".jsonl", ".json")
 
 
+#: the fields of a raw Mooncake record: a first line with any of them (and not a PRISM header) is a Mooncake
+#: file, whose reader then names a field it lacks
+MOONCAKE_FIELDS = {"timestamp", "input_length", "output_length", "hash_ids"}
+
+
 def is_mooncake_file(path: Path) -> bool:
     """A raw Mooncake trace (``{timestamp, input_length, output_length, hash_ids}`` per line)."""
     try:
@@ -118,7 +123,7 @@ def is_mooncake_file(path: Path) -> bool:
             _, first = next(lines, (None, None))
     except UserError:  # unreadable, not UTF-8 or not JSON: the trace reader says where
         return False
-    return isinstance(first, dict) and "hash_ids" in first and "input_length" in first
+    return isinstance(first, dict) and "prism_trace" not in first and bool(MOONCAKE_FIELDS & set(first))
 
 
 def load_trace(source: str, overrides: dict[str, Any] | None = None, memo: dict[str, Trace] | None = None) -> Trace:

@@ -167,6 +167,7 @@ def load(path: str | Path) -> Trace:
     table = SegmentTable()
     requests: list[Request] = []
     ids: dict[int, str] = {}
+    declared: dict[str, str] = {}  # segment id -> the line that declared it
     header: dict[str, Any] | None = None
     models: set[str] = set()
     for where, obj in read_jsonl(p, "trace file (JSONL)"):
@@ -180,7 +181,7 @@ def load(path: str | Path) -> Trace:
             models = {m.name for m in served_models(obj.get("meta") or {}, f"{where}: meta")}
             continue
         if "seg" in obj:
-            _segment_line(obj, table, where)
+            _segment_line(obj, table, where, declared)
         else:
             req = _request_line(obj, table, where, requests)
             if req.model is not None and req.model not in models:
@@ -212,7 +213,9 @@ def _check_header(obj: dict, where: str) -> None:
         raise UserError("field 'meta': 'hot_set' must be a list of segment ids", where)
 
 
-def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
+def _segment_line(obj: dict, table: SegmentTable, where: str, declared: dict[str, str]) -> None:
+    """A segment's declaration; one that repeats an earlier one must say the same (two segments with one id
+    have identical tokens: a second declaration with other tokens would be ignored without a word)."""
     seg_id, kind = obj.get("seg"), obj.get("kind")
     if not isinstance(seg_id, str) or not seg_id:
         raise UserError("field 'seg': must be a non-empty string", where)
@@ -227,10 +230,18 @@ def _segment_line(obj: dict, table: SegmentTable, where: str) -> None:
                             where)
     elif not _token_ok(first):
         raise UserError(f"field 'first': must be a token id in 0..{MAX_TOKEN_ID} (or give 'tokens')", where)
+    if seg_id in declared:
+        explicit = table.explicit_tokens(seg_id)
+        same = (explicit.tolist() == tokens if explicit is not None and tokens is not None
+                else explicit is None and tokens is None and table.first_token(seg_id) == first)
+        if table.kind(seg_id) == kind and not same:
+            raise UserError(f"segment {seg_id!r} declared again with other tokens (first at {declared[seg_id]}): a "
+                            "segment id names one token sequence", where)
     try:
         table.declare(seg_id, kind, first_token=first, tokens=tokens)
     except ValueError as e:
         raise UserError(str(e), where) from None
+    declared.setdefault(seg_id, where)
 
 
 def _request_line(obj: dict, table: SegmentTable, where: str, previous: list[Request]) -> Request:

@@ -43,8 +43,8 @@ from typing import Callable
 
 import numpy as np
 
-from prism.config import (MAX_TOKENS, MAX_ZIPF_S, choice, fraction, parse_json, path_kind, positive, read_jsonl,
-                          read_text, tokens)
+from prism.config import (MAX_TOKENS, MAX_ZIPF_S, choice, fraction, optional_path, parse_json, path_kind, positive,
+                          read_jsonl, read_text, tokens)
 from prism.core import PRIV, REUSE, SYS, Request, SegmentTable
 from prism.errors import UserError
 
@@ -59,7 +59,7 @@ MAX_PASSAGES, MAX_HOT_SET, MAX_K = 1_000_000, 1000, 100
 class ZipfHotspotSpec(GeneratedTraceSpec):
     kind: str = "zipf_hotspot"
     corpus: str = choice("synthetic", ("synthetic", "multihop_rag"), "where non-hot passages come from")
-    corpus_path: str | None = None  # multihop_rag folder; default ../shared/data/multihop_rag
+    corpus_path: str | None = optional_path("multihop_rag folder (default ../shared/data/multihop_rag)")
     num_passages: int = positive(981, "passages in the synthetic corpus", le=MAX_PASSAGES)
     chunk_tokens: int = tokens(128, "tokens per passage")
     k: int = positive(5, "passages retrieved per request", le=MAX_K)

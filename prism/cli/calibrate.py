@@ -153,8 +153,8 @@ def do_fit(args) -> None:
     profiles.gpu(args.gpu), profiles.model(args.model)  # validate names first
     if not 0 <= args.first_token_s < float("inf"):
         raise UserError(f"--first-token-s must be a finite number >= 0, got {args.first_token_s}")
-    out = check_out_file(args.out, "-o")
-    check_out_file(out.with_suffix(".residuals.png"), "-o")
+    out = check_out_file(args.out, "-o", inputs=[args.measurements])
+    check_out_file(out.with_suffix(".residuals.png"), "-o", inputs=[args.measurements])
     m = fitting.read_measurements(args.measurements)
     prior = roofline(profiles.gpu(args.gpu), profiles.model(args.model))
     report = fitting.fit(m, args.first_token_s, name=out.stem, where=str(args.measurements), prior=prior)

@@ -8,25 +8,28 @@ import os
 import sys
 from typing import Any, Callable
 
-from prism.config import MAX_QPS, MIN_QPS
+from prism.config import MAX_QPS, MIN_QPS, comma_list  # noqa: F401 (comma_list: every command's lists)
 from prism.errors import UserError
+from prism.interrupts import exit_status, stopped_by_signals
 
 
 def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
     """Bad input ends the command with one line on stderr and exit status 2, never a traceback; a closed
-    standard output (``| head``) ends it quietly with status 1."""
+    standard output (``| head``) ends it quietly with status 1. SIGTERM and SIGHUP stop it as Ctrl-C does
+    (:mod:`prism.interrupts`), with status 128 + the signal's number."""
 
     def wrap(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
         @functools.wraps(fn)
         def main(argv: list[str] | None = None) -> int:
             try:
-                code = fn(argv)
+                with stopped_by_signals():
+                    code = fn(argv)
             except UserError as e:
                 print(f"{prog}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)  # one line, always
                 code = 2
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
-                code = 130
+                code = exit_status()
             except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as a shell tool does
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
                 code = 1
@@ -37,15 +40,6 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
         return main
 
     return wrap
-
-
-def comma_list(text: str, flag: str, what: str = "values") -> list[str]:
-    """``"a, b,c"`` → ``["a", "b", "c"]``; an empty item (``"40,,50"``, a trailing comma: a typo, never meant as
-    nothing) or an empty list is a UserError naming the flag."""
-    items = [x.strip() for x in text.split(",")]
-    if not text.strip() or "" in items:
-        raise UserError(f"{flag}: expected comma-separated {what} with none empty, got {text!r}")
-    return items
 
 
 def parse_rates(text: str, flag: str = "--qps") -> list[float]:

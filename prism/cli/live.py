@@ -8,12 +8,15 @@ import sys
 from pathlib import Path
 
 from prism.calibration import profiles
+from prism.calibration.cost_model import load_profile
 from prism.calibration.measure import check_url
 from prism.cli.common import entry_point, table
-from prism.cli.run_flags import add_run_flags, out_dir, spec_from_args
+from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.errors import UserError
+from prism.interrupts import exit_status
 from prism.output import check_out_dir
 from prism.policies.registry import ROUTERS
+from prism.timeline import read_meta, timeline_note, timeline_path
 
 EPILOG = """\
 subcommand:
@@ -74,12 +77,32 @@ def options(args: argparse.Namespace):
                        request_timeout_s=args.request_timeout)
 
 
+def partial_results(out: Path) -> str:
+    """Where a run that broke off left its results: the requests that finished, or none (then no summary)."""
+    if (out / "summary.json").is_file():
+        return f"partial results in {out} (summary.json says complete: false)"
+    return f"no request had finished: no requests.csv or summary.json in {out}"
+
+
+def check_server(opts) -> None:
+    """A server given by --url answers (or is still starting) before anything is written: a refused
+    connection is one line at once, not the whole start-up timeout."""
+    if opts.url:
+        from prism.live.server import wait_healthy
+
+        wait_healthy(opts.url.rstrip("/"), opts.startup_timeout_s)
+
+
 def apply_pace_profile(args: argparse.Namespace) -> None:
     """--pace PROFILE is the run's profile: the twin stands in for it, and prism-sim models the same."""
     if args.pace:
         if args.profile and args.profile != args.pace:
             raise UserError(f"--pace {args.pace} and --profile {args.profile} disagree: the twin paces to the "
                             "run's profile (give one of them)")
+        try:
+            load_profile(args.pace)
+        except UserError as e:  # the profile's own line, named after the flag that gave it
+            raise UserError(str(e), "--pace") from None
         args.profile = args.pace
 
 
@@ -91,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
     add_live_flags(p)
     p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")
     p.add_argument("--router", help=f"routing policy of several servers: {', '.join(ROUTERS)} (default cache_aware)")
+    add_timeline_flag(p)
     return p
 
 
@@ -118,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     check_method(spec, opts)
     out = check_out_dir(out_dir(args, spec), "--out")  # before a server starts
+    check_server(opts)
+    timeline = timeline_path(args.timeline, out)
     from tqdm import tqdm
 
     from prism.live.run import ReplayError, live_run
@@ -125,16 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=len(spec.trace.requests), unit="req", desc=f"{spec.label} live", leave=False,
                disable=args.no_progress or not sys.stderr.isatty())
     try:
-        s = live_run(spec, opts, out, progress=bar.update)
+        s = live_run(spec, opts, out, progress=bar.update, timeline=timeline)
     except ReplayError as e:
         bar.close()
-        print(f"prism-live: run broke off: {e}; partial results in {out}", file=sys.stderr)
+        print(f"prism-live: run broke off: {e}; {partial_results(out)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         bar.close()
-        print(f"prism-live: interrupted; partial results in {out} (summary.json says complete: false)",
-              file=sys.stderr)
-        return 130
+        print(f"prism-live: interrupted; {partial_results(out)}", file=sys.stderr)
+        return exit_status()
     bar.close()
     print(table([summary_row(s)], ROW))
     if "cluster" in s:
@@ -151,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       f"{c.get('paced_batches', 0)} paced batches over budget"
                                                       if s["paced"] else ""))
     print(f"wrote {out / 'summary.json'} and {out / 'requests.csv'}")
+    if timeline is not None:
+        print(timeline_note(timeline, read_meta(timeline)))
     return 0
 
 

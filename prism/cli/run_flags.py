@@ -33,11 +33,32 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default runs/<trace>/<method>-qps<QPS>-seed<SEED>)")
 
 
+def add_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a fleet of GPUs shared by several models (a trace of several models runs on one)."""
+    from prism.policies.registry import SHARING
+
+    p.add_argument("--gpus", type=int, help="GPUs of the fleet (default: as few as hold every model; the "
+                                            "dedicated scheme: one per model)")
+    p.add_argument("--sharing", help=f"how the models share the GPUs: {', '.join(SHARING)} (default prism)")
+    p.add_argument("--slo-scale", type=float, help="a model without SLOs gets its dedicated-GPU P95 TTFT and TPOT "
+                                                   "x this (default 5)")
+    p.add_argument("--rate-scale", type=float, help="multiplies the trace's arrival rate (default 1)")
+
+
+def add_timeline_flag(p: argparse.ArgumentParser, where: str = "timeline.json in the run folder") -> None:
+    p.add_argument("--timeline", nargs="?", const="", metavar="PATH",
+                   help="also write the run's timeline as Chrome Trace Event JSON for ui.perfetto.dev or "
+                        "chrome://tracing (iterations, requests, KV and queue counters): PATH, or without one "
+                        f"{where}")
+
+
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     """The run the flags describe: --config, then --set, then the other flags."""
     data = merge_flags(read_config(args.config), args.overrides, method=args.method, scheduler=args.scheduler,
                        eviction=args.eviction, profile=args.profile, qps=args.qps, seed=args.seed,
-                       instances=getattr(args, "instances", None), router=getattr(args, "router", None))
+                       instances=getattr(args, "instances", None), router=getattr(args, "router", None),
+                       gpus=getattr(args, "gpus", None), sharing=getattr(args, "sharing", None),
+                       slo_scale=getattr(args, "slo_scale", None), rate_scale=getattr(args, "rate_scale", None))
     return settings_from(data, args.config or "settings").resolve(args.trace)
 
 
@@ -46,6 +67,9 @@ def out_dir(args: argparse.Namespace, spec: RunSpec) -> Path:
     -<ROUTER>x<N> for a cluster of N instances."""
     if args.out:
         return Path(args.out)
+    if spec.fleet is not None:
+        f = spec.fleet
+        return Path("runs") / Path(args.trace).stem / f"{f.sharing}-g{f.gpus}-x{f.rate_scale:g}-{spec.label}-seed{spec.seed}"
     qps = "trace" if spec.qps_measured else f"{spec.qps:g}"
     cluster = f"-{spec.cluster.router}x{spec.cluster.instances}" if spec.cluster.instances > 1 else ""
     return Path("runs") / Path(args.trace).stem / f"{spec.label}-qps{qps}-seed{spec.seed}{cluster}"

@@ -13,8 +13,10 @@ from tqdm import tqdm
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
                               comma_list, parse_rates, table)
 from prism.errors import UserError
+from prism.interrupts import exit_status
 from prism.policies.registry import METHODS, check_router
-from prism.settings import check_knobs_used, check_router_knobs_used, merge_flags, read_config, settings_from
+from prism.settings import (check_cluster_used, check_knobs_used, check_router_knobs_used, cluster_config, merge_flags,
+                            read_config, settings_from)
 from prism.sim.sweep import Sweep, task_config
 from prism.traces import Trace, load_trace
 from prism.traces.spec import check_source, is_materialized, resolve
@@ -91,6 +93,20 @@ def _ints(text: str, flag: str) -> list[int]:
     return list(dict.fromkeys(vals))
 
 
+def _clusters(base: dict, args: argparse.Namespace, where: str) -> tuple[list[int], list[str]]:
+    """The sweep's cluster sizes and routers: --instances and --routers over the settings' cluster section,
+    which is checked as prism-sim checks it (for every size above 1 it applies to); router settings where
+    every run is a single engine are an error, as for one run."""
+    counts = (_ints(args.instances, "--instances") if args.instances is not None
+              else [cluster_config(base, where).instances])
+    check_cluster_used(base, counts, where, "--routers" if args.routers is not None else "")
+    sections = [cluster_config(base, where, n) for n in counts if n > 1] or [cluster_config(base, where, 1)]
+    routers = ([check_router(r) for r in comma_list(args.routers, "--routers", "routers")]
+               if args.routers is not None else [sections[0].router])
+    check_router_knobs_used(base, routers, where)
+    return counts, routers
+
+
 def _check_runs(base: dict, methods: list[str], instances: list[int], routers: list[str], qps: float, trace: str,
                 where: str, materialized: bool) -> int:
     """Resolve every (method, cluster) combination as its first run will be (profile, trace, KV capacity,
@@ -138,6 +154,10 @@ def _report_ablation(sweep, out: Path, methods: list[str], base: dict, trace: st
 
 
 def main(argv: list[str]) -> int:
+    from prism.cli.fleet import FLEET_SWEEP_FLAGS, sweep_main
+
+    if any(a.split("=", 1)[0] in FLEET_SWEEP_FLAGS for a in argv):  # schemes x GPUs x rates of several models
+        return sweep_main(argv)
     args = parser().parse_args(argv)
     qps = parse_rates(args.qps)
     methods = comma_list(args.methods if args.methods is not None else
@@ -152,12 +172,7 @@ def main(argv: list[str]) -> int:
     where = args.config or "settings"
     materialized = is_materialized(resolve(args.trace))
     check_knobs_used(base, methods, where)
-    cluster = base.get("cluster") if isinstance(base.get("cluster"), dict) else {}
-    instances = (_ints(args.instances, "--instances") if args.instances is not None
-                 else [int(cluster.get("instances") or 1)])
-    routers = ([check_router(r) for r in comma_list(args.routers, "--routers", "routers")]
-               if args.routers is not None else [str(cluster.get("router") or "cache_aware")])
-    check_router_knobs_used(base, routers, where)
+    instances, routers = _clusters(base, args, where)
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
     if args.ablate and instances != [1]:
@@ -192,7 +207,7 @@ def main(argv: list[str]) -> int:
             bar.close()
             print(f"prism-sim: interrupted with {len(sweep.rows)} of {len(sweep.merged)} runs done in {out}; the "
                   "same command runs the rest", file=sys.stderr)
-            return 130
+            return exit_status()
         bar.close()
         if args.ablate:
             return _report_ablation(sweep, out, methods, base, str(args.trace))

@@ -25,7 +25,7 @@ from prism.errors import UserError
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
 from prism.output import check_out_file, save_figure, write_csv
-from prism.settings import RunSpec, check_knobs_used, merge_flags, read_config, settings_from
+from prism.settings import RunSpec, check_cluster_used, check_knobs_used, merge_flags, read_config, settings_from
 from prism.sim.sweep import Sweep, task_config
 from prism.traces.spec import is_materialized, resolve
 
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if base.get("cluster"):
         raise UserError("section 'cluster': prism-theory models one engine (run a cluster with prism-sim "
                         "--instances)", where)
+    check_cluster_used(base, [1], where)  # a router's knobs, which one engine never reads
     fixed = is_materialized(resolve(args.trace))  # a materialized trace has no seed to set
     spec = settings_from(task_config(base, args.method, qps[0], None if fixed else 0), where).resolve(args.trace)
     seed = int(spec.seed or 0)

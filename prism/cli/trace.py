@@ -13,7 +13,7 @@ from prism.config import apply_overrides
 from prism.errors import UserError
 from prism.output import check_out_file
 from prism.traces import trace as trace_format
-from prism.traces.spec import load_trace
+from prism.traces.spec import load_trace, resolve
 from prism.traces.stats import trace_stats
 from prism.traces.trace import Trace, served_models
 
@@ -80,7 +80,7 @@ def _load(source: str, overrides: list[str]) -> Trace:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.cmd == "gen":
-        check_out_file(args.out, "-o")
+        check_out_file(args.out, "-o", inputs=[resolve(args.spec)])
         t = _load(args.spec, args.overrides)
         trace_format.save(t, args.out)
         print(f"wrote {len(t)} requests, {len(t.table)} segments to {args.out}")

@@ -65,7 +65,7 @@ def _import(args: argparse.Namespace) -> None:
 
     options = ImportOptions(args.format, args.tokenizer, args.qps, args.seed, OutputLengths.parse(args.output_len),
                             args.block_tokens, args.sessions, not args.no_progress, args.workers)
-    out = check_out_file(args.out, "-o", create=False)
+    out = check_out_file(args.out, "-o")
     trace = import_trace(args.log, options)
     trace_format.save(trace, out)
     note = trace.meta.get("unplaced_messages", 0)
@@ -78,7 +78,7 @@ def _import(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from prism.traces.spec import load_trace
 
-    out = check_out_file(args.out, "-o", create=False)
+    out = check_out_file(args.out, "-o")
     if args.format == "openai" and not args.tokenizer:
         raise UserError("--tokenizer: --format openai writes text, which needs a tokenizer folder")
     trace = load_trace(args.trace)

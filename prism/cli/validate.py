@@ -17,9 +17,10 @@ from pathlib import Path
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
                               table)
-from prism.cli.live import add_live_flags, apply_pace_profile, options
-from prism.metrics import write_json
-from prism.output import check_out_file, prepare_out_dir, save_figure, write_csv
+from prism.cli.live import add_live_flags, apply_pace_profile, check_server, options
+from prism.errors import UserError
+from prism.metrics import read_requests_csv, write_json
+from prism.output import check_out_dir, check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
 
 HIT_POINTS, TTFT_REL = 0.02, 0.15
@@ -41,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/validate", help="output folder (default runs/validate)")
     add_no_progress_flag(p)
     add_live_flags(p)
+    p.add_argument("--timeline", action="store_true",
+                   help="also write both sides' timelines (Chrome Trace Event JSON for ui.perfetto.dev): "
+                        "METHOD/qpsQPS/sim/timeline.json and .../live/timeline.json")
     return p
 
 
@@ -63,24 +67,65 @@ def _retractions(summary: dict) -> int:
     return int(summary.get("counters", {}).get("retractions", 0))
 
 
-def plot(rows: list[list], path: Path) -> None:
+def plot(rows: list[list], ttfts: dict[tuple[str, float], tuple], path: Path) -> None:
+    """One picture that answers "does the simulator match?": per method and QPS the per-request TTFT CDFs of
+    both engines overlaid (``ttfts``: (method, qps) -> (sim TTFTs, live TTFTs)); below, parity plots of hit
+    rate and P50/P99 TTFT (sim on x, live on y) with the diagonal and the fidelity target's band (hit within
+    2 points, TTFT within 15%), on axes that start at zero so that a small difference looks small."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    metrics = [("hit", 2, 3), ("TTFT p50 (s)", 5, 6), ("TTFT p99 (s)", 11, 12), ("throughput (req/s)", 14, 15)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
-    methods = sorted({r[0] for r in rows})
-    for ax, (name, i_sim, i_live) in zip(axes, metrics):
-        for m in methods:
-            mine = sorted((r for r in rows if r[0] == m), key=lambda r: r[1])
-            q = [r[1] for r in mine]
-            line = ax.plot(q, [r[i_sim] for r in mine], "o-", label=f"{m} sim")[0]
-            ax.plot(q, [r[i_live] for r in mine], "s--", color=line.get_color(), label=f"{m} live")
-        ax.set_title(name)
-        ax.set_xlabel("QPS")
-    axes[0].legend(fontsize=7)
+    methods = list(dict.fromkeys(r[0] for r in rows))
+    rates = sorted({r[1] for r in rows})
+    cols = max(len(rates), 3)
+    fig, axes = plt.subplots(len(methods) + 1, cols, figsize=(3.6 * cols, 3.0 * (len(methods) + 1)), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    for i, m in enumerate(methods):
+        for j in range(cols):
+            ax = axes[i][j]
+            if j >= len(rates) or (m, rates[j]) not in ttfts:
+                ax.axis("off")
+                continue
+            for values, style, side in zip(ttfts[(m, rates[j])], ("-", "--"), ("sim", "live")):
+                v = np.sort(np.asarray(values, dtype=float))
+                ax.step(v, np.arange(1, len(v) + 1) / max(len(v), 1), style, where="post", color=colors[m],
+                        label=f"{side} ({len(v)})")
+            ax.set_title(f"{m} at {rates[j]:g} QPS", fontsize=9)
+            ax.set_xlabel("TTFT (s)", fontsize=8)
+            ax.set_ylabel("fraction of requests", fontsize=8)
+            ax.set_ylim(0, 1.02)
+            ax.set_xlim(left=0)
+            ax.legend(fontsize=7, loc="lower right")
+    parity = [("hit rate", 2, 3, lambda x: (x - HIT_POINTS, x + HIT_POINTS)),
+              ("TTFT p50 (s)", 5, 6, lambda x: (x * (1 - TTFT_REL), x * (1 + TTFT_REL))),
+              ("TTFT p99 (s)", 11, 12, lambda x: (x * (1 - TTFT_REL), x * (1 + TTFT_REL)))]
+    for ax, (name, i_sim, i_live, band) in zip(axes[-1], parity):
+        top = max([r[i_sim] for r in rows] + [r[i_live] for r in rows] + [1e-9]) * 1.15
+        if name == "hit rate":
+            top = min(max(top, 0.1), 1.0)
+        x = np.linspace(0, top, 50)
+        lo, hi = band(x)
+        ax.fill_between(x, lo, hi, color="0.85", label="target")
+        ax.plot(x, x, color="0.4", lw=0.8)
+        for r in rows:
+            ax.plot(r[i_sim], r[i_live], "o", color=colors[r[0]], ms=5)
+            ax.annotate(f"{r[1]:g}", (r[i_sim], r[i_live]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_aspect("equal")
+        ax.set_title(f"{name}: live vs sim", fontsize=9)
+        ax.set_xlabel("sim", fontsize=8)
+        ax.set_ylabel("live", fontsize=8)
+    for ax in axes[-1][len(parity):]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[m], label=m) for m in methods]
+    axes[-1][0].legend(handles=handles + [plt.Rectangle((0, 0), 1, 1, color="0.85", label="target")], fontsize=7,
+                       loc="upper left")
+    fig.suptitle("prism-live validate: the simulator (solid, x) against the live twin (dashed, y); "
+                 "labels: QPS", fontsize=10)
     save_figure(fig, path, dpi=110)
 
 
@@ -102,31 +147,47 @@ def main(argv: list[str] | None = None) -> int:
     from prism.live.run import check_method
 
     for spec in specs:
+        if spec.cluster.instances > 1 and opts.url:  # (check_cluster's line names prism-live's --instances)
+            raise UserError(f"--url attaches to one server; cluster.instances {spec.cluster.instances} starts its "
+                            "own servers (drop --url, or the setting)", where)
         check_method(spec, opts)
-    out = prepare_out_dir(args.out, "--out")
+    if args.timeline and opts.url:
+        raise UserError("--timeline needs the servers prism starts: an attached --url server keeps no event log")
     for name in ("validate.csv", "validate.json", "validate.png"):
-        check_out_file(out / name, "--out")
+        check_out_file(check_out_dir(args.out, "--out") / name, "--out")
+    check_server(opts)  # before the simulator's results are written
+    out = prepare_out_dir(args.out, "--out")
     from prism.live.run import ReplayError, live_run
     from prism.sim.run import simulate
+    from prism.sim.timeline import SimTimeline
+    from prism.timeline import TIMELINE_FILE
 
-    rows = []
+    rows, ttfts = [], {}
     for spec in specs:
         where = out / spec.label / f"qps{spec.qps:g}"
-        sim = simulate(spec).summary
+        events = SimTimeline(_mk(where / "sim") / TIMELINE_FILE, spec) if args.timeline else None
+        result = simulate(spec, events=events)
+        sim = result.summary
         write_json(sim, _mk(where / "sim") / "summary.json")
+        if events is not None:
+            events.close(sim)
         try:
-            live = live_run(spec, opts, where / "live")
+            live = live_run(spec, opts, where / "live", timeline=where / "live" / TIMELINE_FILE if args.timeline
+                            else None)
         except ReplayError as e:
             print(f"prism-live validate: live run {spec.label} at {spec.qps:g} QPS broke off: {e}", file=sys.stderr)
             return 1
         rows.append(compare(spec.label, spec.qps, sim, live))
+        ttfts[(spec.label, spec.qps)] = ([r.ttft for r in result.records],
+                                         [r.ttft for r in read_requests_csv(where / "live" / "requests.csv")])
         print(table([rows[-1]], COLUMNS), flush=True)
     write_csv(out / "validate.csv", COLUMNS, rows)
     write_json([dict(zip(COLUMNS, r)) for r in rows], out / "validate.json")
-    plot(rows, out / "validate.png")
+    plot(rows, ttfts, out / "validate.png")
     print(table(rows, COLUMNS))
     print(f"target: hit within {HIT_POINTS * 100:.0f} points, P50 and P99 TTFT within {TTFT_REL:.0%}; "
-          f"wrote {out / 'validate.csv'}, validate.json and validate.png")
+          f"wrote {out / 'validate.csv'}, validate.json and validate.png"
+          + ("; each run's sim/ and live/ folders hold its timeline.json" if args.timeline else ""))
     return 0
 
 

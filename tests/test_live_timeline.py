@@ -1,0 +1,100 @@
+"""The live timeline without a server: a recorded live run (tests/data/live_timeline: the requests.csv,
+summary.json and plugin event log of a paced CPU twin run on SGLang 0.5.23, 16 requests, prompts in 256-token
+chunks, a 3,072-token pool where SGLang retracted) converted by live/timeline.py, checked as the simulator's
+timeline is (tests/trace_events.py), against the run's own files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prism.errors import UserError
+from prism.live.instance import EventLog
+from prism.live.timeline import write_live_timeline
+
+from trace_events import check_ttft_parts, counters, load, request_tracks, tracks
+
+RUN = Path(__file__).parent / "data" / "live_timeline"
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(RUN, out)
+    return out
+
+
+def _batches(folder: Path) -> list[dict]:
+    s = json.loads((folder / "summary.json").read_text())
+    rows = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("ev") == "batch" and r["start"] >= s["clock_zero_monotonic"]]
+
+
+def test_a_recorded_live_run_converts_to_tracks_that_tile_its_ttft(run):
+    meta = write_live_timeline(run, run / "timeline.json")
+    obj = load(run / "timeline.json")
+    s = json.loads((run / "summary.json").read_text())
+    with (run / "requests.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert meta["engine_kind"] == "sglang" and meta["request_tracks"] == len(rows) == 16
+    assert check_ttft_parts(obj, rows) == 16
+    # the engine track: one span per batch the plugin logged after the replay's start, times undilated
+    spans = [e for name, ev in tracks(obj).items() if name.endswith("/iterations") for e in ev]
+    batches = _batches(run)
+    assert len(spans) == len(batches)
+    d, t0 = s["dilation"], s["clock_zero_monotonic"]
+    for e, b in zip(sorted(spans, key=lambda e: e["ts"]), batches):
+        assert e["name"] == b["kind"] and abs(e["ts"] - (b["start"] - t0) / d * 1e6) < 1e-3
+    # KV counters: SGLang's own accounting, within the pool
+    for _, v in counters(obj, "KV tokens")[1]:
+        assert min(v.values()) >= 0 and v["in use"] + v["cached"] + v["free"] == s["kv_capacity_tokens"], v
+    by_id = request_tracks(obj)
+    for ev in by_id.values():  # a span moved past its predecessor's end only after a retraction (the edge case)
+        moved = [i for i, e in enumerate(ev) if "from_s" in e.get("args", {})]
+        assert all(any(e["name"] == "retracted" for e in ev[:i]) for i in moved), ev
+    retracted = [e for ev in by_id.values() for e in ev if e["name"] == "retracted"]
+    assert len(retracted) == s["counters"]["retractions"] >= 1
+    for ev in by_id.values():  # every retraction is followed by a new admission and a prefill again
+        names = [e["name"] for e in ev]
+        for i, n in enumerate(names):
+            if n == "retracted":
+                assert "queued again" in names[i:] and "prefill again" in names[i:], names
+    # prompts of ~770 tokens in 256-token chunks: several chunks each, their tokens the prompt's uncached part
+    first = {rid: [e for e in ev if e["name"] == "prefill"] for rid, ev in by_id.items()}
+    assert max(len(c) for c in first.values()) >= 3
+    assert all(e["args"]["new"] <= 256 for c in first.values() for e in c)
+    for row in rows:
+        c = first[int(row["id"])]
+        assert sum(e["args"]["new"] for e in c) == int(row["prompt_tokens"]) - c[0]["args"]["cached"]
+
+
+def test_the_request_log_reader_skips_the_timeline_lines(run):
+    log = EventLog(run / "events.jsonl")
+    with (run / "requests.csv").open() as f:
+        ids = [int(r["id"]) for r in csv.DictReader(f)]
+    for rid in ids:
+        ev = log.get(rid)
+        assert ev is not None and ev["id"] == rid and "prefill_start" in ev
+
+
+def test_a_log_cut_mid_line_converts_what_it_holds(run):
+    text = (run / "events.jsonl").read_text()
+    (run / "events.jsonl").write_text(text[: len(text) - 40])  # the server died while writing its last line
+    write_live_timeline(run, run / "timeline.json")
+    assert check_ttft_parts(load(run / "timeline.json"), list(csv.DictReader((run / "requests.csv").open()))) == 16
+
+
+def test_a_run_without_event_log_or_clock_is_a_clear_error(run):
+    (run / "events.jsonl").unlink()
+    with pytest.raises(UserError, match="no event log"):
+        write_live_timeline(run, run / "timeline.json")
+    s = json.loads((run / "summary.json").read_text())
+    del s["clock_zero_monotonic"]
+    (run / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(UserError, match="clock_zero_monotonic"):
+        write_live_timeline(run, run / "timeline.json")
+    assert not (run / "timeline.json").exists()
