@@ -133,7 +133,7 @@ class PluginConfig:
         return cls(spec.scheduler, spec.eviction, {k: asdict(v) for k, v in spec.policy_configs.items()},
                    asdict(spec.deployment), spec.profile.cost.coefficients() if pace else None,
                    dilation if pace else 1.0, str(folder / "events.jsonl"), str(folder / "counters.json"),
-                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit(spec.cluster.instances > 1))
+                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit())
 
     @classmethod
     def read(cls, path: str | Path) -> "PluginConfig":

@@ -10,8 +10,8 @@ front end holds (``qas.front_end``, DESIGN §3):
   has room for, from the whole pending set (QAS's cold lane first); an arrival that finds room and nothing
   held goes at once (a round of its own aligns it). Room is the free slots under the run's concurrency limit
   (``engine.max_concurrency``, which this front end enforces instead of the client, so the engine sees what a
-  client with that limit would send it), or without a limit (and behind a router, whose client keeps the
-  limit) under ``engine.max_running_requests``, the engine's running slots: a request released beyond them
+  client with that limit would send it), or without a limit (and on several instances, whose client keeps the
+  limit: it bounds them together) under ``engine.max_running_requests``, the engine's running slots: a request released beyond them
   could only wait in the engine's FIFO queue, where QAS can no longer order it. Requests in the engine's
   queue count against the room as running ones do (they hold a slot as soon as the engine admits them).
 * ``arrivals``: arrivals are held for a window, then ordered (and their prompts front-aligned) by one round

@@ -33,12 +33,10 @@ class Instance:
 
     def __init__(self, index: int, env: simpy.Environment, spec: RunSpec, on_finish: Callable[[Seq], None],
                  track_prefill: bool = False, events: EngineEvents | None = None, host=None,
-                 on_admit: Callable[[Seq], None] | None = None, scheduler=None, capacity: int | None = None,
-                 routed: bool = False) -> None:
+                 on_admit: Callable[[Seq], None] | None = None, scheduler=None, capacity: int | None = None) -> None:
         """``host``: the shared GPU the engine runs on (``sim/fleet.py``); ``on_admit``: told of each admission;
         ``scheduler``: the engine's scheduler in place of the method's (a fleet's per-GPU queue order);
-        ``capacity``: its KV pool, where the fleet sets it (default: the run's, checked against its trace);
-        ``routed``: behind a router (a backlog front end then bounds the engine by its running slots)."""
+        ``capacity``: its KV pool, where the fleet sets it (default: the run's, checked against its trace)."""
         self.index = index
         profile = spec.profile_of(index)
         self.profile = profile.name
@@ -53,7 +51,7 @@ class Instance:
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
                              self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host)
         self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
-                               spec.backlog_limit(routed))
+                               spec.backlog_limit())
                       if self.policies.front_end is not None else None)
         self.entry = self.front or self.engine
         self.queued_prefill_tokens = 0

@@ -84,11 +84,11 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
     run = Replay(spec, progress, on_record, served_reference)
     policy = make_router(spec.cluster.router, spec.router_configs) if routed else None
     instances = [Instance(i, run.env, spec, run.finisher(i if routed else None),
-                          policy is not None and policy.reads_queued_prefill, events, routed=routed)
+                          policy is not None and policy.reads_queued_prefill, events)
                  for i in range(spec.cluster.instances)]
     entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
-    run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit(routed))
+    run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit())
 
     def result(complete: bool) -> SimResult:
         counters: dict[str, int] = {}
