@@ -5,7 +5,8 @@ simulator's), their shared :class:`~prism.policies.base.DemandHints`, the radix 
 counters. The hooks, in the order of one scheduler iteration:
 
 * ``Scheduler._add_request_to_queue`` (around; front-end deployment only): holds each new arrival in a window
-  (:mod:`prism.live.frontend`); retracted requests pass straight through;
+  (:mod:`prism.live.frontend`), or holding the backlog sends it on at once when SGLang has room and nothing is
+  held; retracted requests pass straight through;
 * ``Scheduler.get_next_batch_to_run`` (around): notes when the loop iteration started (the pacing anchor
   after an idle spell) and the scheduler object, and releases the front end's windows that have closed;
 * ``SchedulePolicy.calc_priority`` (around): counts the round; for prism's schedulers (SGLang's own
@@ -44,10 +45,10 @@ from prism.counters import EVICTED_TOKENS, RETRACTED_OUTPUT_TOKENS, RETRACTIONS,
 from prism.policies.base import DEFAULT_LANE, DemandHints, SchedContext
 from prism.policies.bookkeeping import Bookkeeper
 from prism.policies.base import Deployment
-from prism.policies.registry import engine_scheduler, make_policies, policy_configs
+from prism.policies.registry import dilated, engine_scheduler, make_policies, policy_configs
 from prism.settings import RunSpec
 
-from prism.live.frontend import LiveFrontEnd
+from prism.live.frontend import LiveFrontEnd, in_sglang
 from prism.live.pacing import Pacer
 from prism.live.seq import LiveSeq
 
@@ -122,6 +123,7 @@ class PluginConfig:
     counters: str | None = None  # the counters, saved about twice a second
     overruns: str | None = None  # batches over their paced budget
     iterations: bool = False  # the event log also gets every batch and retraction (a timeline's records)
+    backlog_limit: int | None = None  # a front end that holds the backlog: its bound on requests in SGLang
 
     @classmethod
     def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float, iterations: bool = False
@@ -131,7 +133,7 @@ class PluginConfig:
         return cls(spec.scheduler, spec.eviction, {k: asdict(v) for k, v in spec.policy_configs.items()},
                    asdict(spec.deployment), spec.profile.cost.coefficients() if pace else None,
                    dilation if pace else 1.0, str(folder / "events.jsonl"), str(folder / "counters.json"),
-                   str(folder / "overruns.jsonl"), iterations)
+                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit())
 
     @classmethod
     def read(cls, path: str | Path) -> "PluginConfig":
@@ -155,7 +157,9 @@ class LiveState:
 
     def __init__(self, config: PluginConfig) -> None:
         self.config = config
-        configs = policy_configs(config.scheduler, config.eviction, config.knobs)
+        # the policies read the scheduler's real clock: durations among their knobs are dilated as the window is
+        configs = dilated(config.scheduler, config.eviction, policy_configs(config.scheduler, config.eviction,
+                                                                            config.knobs), float(config.dilation))
         deploy = config.run_deployment
         warm = make_policies(config.scheduler, config.eviction, configs, deploy)
         prime(warm.front_end or warm.scheduler)
@@ -165,7 +169,10 @@ class LiveState:
         self.counters: Counter = Counter()
         self.books = Bookkeeper(policies.scheduler, policies.eviction, policies.hints, self.counters)
         dilation = float(config.dilation)
-        self.front = (LiveFrontEnd(policies.front_end, deploy.window_s * dilation, self.hints, self.counters)
+        limit = config.backlog_limit if deploy.holds_backlog else None
+        if deploy.holds_backlog and limit is None:
+            raise ValueError("a front end that holds the backlog needs its bound (PluginConfig.backlog_limit)")
+        self.front = (LiveFrontEnd(policies.front_end, deploy.window_s * dilation, self.hints, self.counters, limit)
                       if policies.front_end is not None else None)
         self.enqueue = None  # SGLang's own Scheduler._add_request_to_queue (front end: the release goes there)
         self.cache = None
@@ -232,6 +239,8 @@ class LiveState:
             self.front.reset()
 
     def release(self, req) -> None:
+        if self.front is not None and req.finished():  # its slot is free from now: a backlog front end notes when
+            self.front.left(time.monotonic())
         seq = getattr(req, "_prism", None)
         if seq is None or not seq.admitted:
             return
@@ -383,21 +392,28 @@ def around_add_to_queue(orig, sched, req, *args, **kwargs):
     st = state()
     st.enqueue = orig
     retracted = bool(kwargs.get("is_retracted", args[0] if args else False))
-    if st.front is not None and _hold(st, req, retracted):
+    if st.front is not None and _hold(st, req, retracted, sched):
         return None
     return orig(sched, req, *args, **kwargs)
 
 
+def _in_backend(st: LiveState, sched) -> int:
+    """What a backlog front end counts against its bound (0 for one that holds arrivals, which never asks)."""
+    return in_sglang(sched) if st.front.backlog is not None else 0
+
+
 @_plugin_time
-def _hold(st: LiveState, req, retracted: bool) -> bool:
-    return st.front.hold(req, retracted, time.monotonic())
+def _hold(st: LiveState, req, retracted: bool, sched) -> bool:
+    enqueue = st.enqueue
+    return st.front.hold(req, retracted, time.monotonic(), st.cache, lambda r: enqueue(sched, r),
+                         _in_backend(st, sched))
 
 
 @_plugin_time
 def _release_windows(st: LiveState, sched) -> None:
     enqueue = st.enqueue
     idle = bool(getattr(sched, "_sched_idled", False))  # the last loop iteration ran no batch
-    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle)
+    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle, _in_backend(st, sched))
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):

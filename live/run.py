@@ -144,7 +144,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             return None
 
         replay(servers[0].url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
-               max_concurrency=spec.engine.max_concurrency, alive=alive, start=t_start,
+               max_concurrency=spec.client_limit(), alive=alive, start=t_start,
                admission=spec.engine.admission, eos_ids=model.eos_ids, dispatch=dispatch)
         complete = True
     finally:

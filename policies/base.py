@@ -26,16 +26,38 @@ from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runti
 from prism.core import PRIV, REUSE, SYS, Segment
 
 
+@dataclass(frozen=True)
+class Part:
+    """One part of a policy and the settings that switch it off, for an ablation (``prism-sim sweep --ablate``):
+    ``knobs`` (section -> knob values) set on the policy's run, or the policy ``replaced`` by another one."""
+
+    name: str
+    doc: str
+    knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    replaced: str | None = None
+
+
 class Policy:
     """What the registry reads of a policy class.
 
     ``name``: the name runs use (``--scheduler NAME``, ``--eviction NAME``, ``--router NAME``); ``Knobs``: its
     knob dataclass (None: no knobs), filled from the YAML / ``--set`` section ``section`` (default: the name;
-    DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run."""
+    DFS-weight reads LPM's); :meth:`build` makes a fresh policy for one run. For an ablation: ``parts``, what
+    the policy adds, each switched off by its settings, and :meth:`base`, the policy it adds them to.
+    ``clock_knobs``: the knobs that are durations on the engine's clock (a paced twin's clock runs D times
+    slower, so its plugin multiplies them by D)."""
 
     name = ""
     Knobs: type | None = None
     section: str | None = None
+    parts: tuple[Part, ...] = ()
+    clock_knobs: tuple[str, ...] = ()  # knobs in seconds of the engine's clock, which a paced twin dilates
+
+    @classmethod
+    def base(cls, knobs: Any) -> str:
+        """The registered policy a method with this policy is measured against, its *base engine*'s (with
+        these knobs); the policy itself by default (it adds nothing to measure)."""
+        return cls.name
 
     @classmethod
     def knob_section(cls) -> str | None:
@@ -50,20 +72,30 @@ class Policy:
 
 IN_ENGINE = "in_engine"
 FRONT_END = "front_end"
+#: what an admission front end holds: each window's arrivals (all released when it closes), or the backlog
+#: (requests wait in its pending set while the backend is full; each window releases what the backend has room
+#: for, an arrival that finds room and nothing held goes at once)
+ARRIVALS, BACKLOG = "arrivals", "backlog"
+FRONT_END_HOLDS = (ARRIVALS, BACKLOG)
 
 
 @dataclass(frozen=True)
 class Deployment:
     """How a scheduler meets the engine: ``in_engine`` (it orders the engine's waiting queue at every
-    scheduling round), or ``front_end`` (it orders each window of ``window_s`` seconds of arrivals, which then
-    reach an unmodified engine with a stock server's scheduler)."""
+    scheduling round), or ``front_end`` (a round every ``window_s`` seconds before an unmodified engine with a
+    stock server's scheduler, over what the front end ``holds``: the window's arrivals, or the backlog)."""
 
     mode: str = IN_ENGINE
     window_s: float = 0.0
+    holds: str = ARRIVALS
 
     @property
     def front_end(self) -> bool:
         return self.mode == FRONT_END
+
+    @property
+    def holds_backlog(self) -> bool:
+        return self.front_end and self.holds == BACKLOG
 
 
 @runtime_checkable
@@ -278,6 +310,7 @@ class EvictionPolicy(Policy):
         return tier_of(node)
 
 
-__all__ = ["Policy", "Deployment", "IN_ENGINE", "FRONT_END", "PrefixIndex", "ResidentIndex", "WaitingRequest",
+__all__ = ["Part", "Policy", "Deployment", "IN_ENGINE", "FRONT_END", "ARRIVALS", "BACKLOG", "FRONT_END_HOLDS",
+           "PrefixIndex", "ResidentIndex", "WaitingRequest",
            "NodeView", "DemandHints", "SchedContext", "Plan", "DEFAULT_LANE", "Scheduler", "EvictionPolicy", "tier_of",
            "SYS", "REUSE", "PRIV"]

@@ -5,7 +5,8 @@ simulated and the live run of a method count, label and inform their policies al
 * :class:`Bookkeeper`: a request's admission (lane, counters, the eviction policy's and the demand hints'
   view of the running batch), the end of a round (the scheduler's ``on_dispatch``) and a request leaving the
   running batch (finished or retracted);
-* :func:`release_window`: one round of an admission front end over the requests its window held.
+* :func:`release_window`: one round of an admission front end over the requests its window held;
+* :class:`Backlog`: the pending set of a front end that holds the backlog, and when its requests go.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Sequence
 
-from prism.counters import (ADMITTED_LANE, FRONT_ALIGNMENT_MOVES, FRONTEND_WINDOWS, REPREFILL_HIT_TOKENS,
-                            REPREFILLED_TOKENS)
+from prism.counters import (ADMITTED_LANE, FRONT_ALIGNMENT_MOVES, FRONTEND_HELD, FRONTEND_PASSED, FRONTEND_WINDOWS,
+                            REPREFILL_HIT_TOKENS, REPREFILLED_TOKENS)
 
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler, WaitingRequest
 
@@ -55,17 +56,62 @@ class Bookkeeper:
 
 
 def release_window(scheduler: Scheduler, held: Sequence[WaitingRequest], ctx: SchedContext,
-                   submit: Callable[[WaitingRequest], None], counters: Counter) -> None:
-    """An admission front end's round: ``scheduler`` orders the requests a window ``held``; each is realigned
-    to its plan's segment order, labelled with its lane and handed to the engine (``submit``) in plan order;
-    the whole window counts as dispatched."""
+                   submit: Callable[[WaitingRequest], None], counters: Counter, room: int | None = None,
+                   counter: str = FRONTEND_WINDOWS) -> list:
+    """An admission front end's round: ``scheduler`` orders the requests a window ``held``; the first ``room``
+    of them in plan order (None: all) are realigned to their plan's segment order, labelled with their lane and
+    handed to the engine (``submit``) in that order, and count as dispatched. Returns the others, in plan
+    order (they stay held: a front end that holds the backlog plans them again with the next window's)."""
     plan = scheduler.plan(held, ctx)
-    for seq in plan.order:
+    order = plan.order
+    released = order if room is None or room >= len(order) else order[:room]
+    for seq in released:
         seq.realign(plan.align.get(seq.id))
         seq.lane = plan.lane(seq.id)
         submit(seq)
-    scheduler.on_dispatch(plan.order, ctx)
-    counters[FRONTEND_WINDOWS] += 1
+    scheduler.on_dispatch(released, ctx)
+    counters[counter] += 1
+    return [] if released is order else list(order[len(released):])
 
 
-__all__ = ["Bookkeeper", "release_window"]
+class Backlog:
+    """The pending set of a front end that holds the backlog (DESIGN §3's reading of the paper): requests wait
+    here, not in the backend's FIFO queue, while the backend is full; each window releases what the backend
+    has room for, in plan order (QAS: its cold lane's ``q_cold`` oldest first, then the hot lane), from the
+    whole pending set; an arrival that finds room and nothing held goes at once (a round of its own aligns
+    it), so below the knee the front end adds no wait. The simulator's and the live front end keep one each;
+    they say how much room the backend has (its free slots) and when a window closes."""
+
+    __slots__ = ("scheduler", "counters", "pending")
+
+    def __init__(self, scheduler: Scheduler, counters: Counter) -> None:
+        self.scheduler, self.counters = scheduler, counters
+        self.pending: list = []  # in the last plan's order, then arrivals since
+
+    def arrive(self, seq, room: int, context: Callable[[int], SchedContext],
+               submit: Callable[[WaitingRequest], None]) -> bool:
+        """``seq`` reaches the front end while the backend has ``room`` free slots: True if it went at once
+        (``context(batch_hint)``: the round's view of the engine), False if it is held."""
+        if self.pending or room <= 0:
+            self.pending.append(seq)
+            self.counters[FRONTEND_HELD] += 1
+            return False
+        release_window(self.scheduler, [seq], context(1), submit, self.counters, counter=FRONTEND_PASSED)
+        return True
+
+    def release(self, room: int, context: Callable[[int], SchedContext], submit: Callable[[WaitingRequest], None],
+                by: float | None = None) -> int:
+        """A window closes with ``room`` free slots in the backend: one round over the pending requests that
+        arrived by ``by`` (None: all), the first ``room`` of its order released; the number released."""
+        eligible, later = self.pending, []
+        if by is not None and any(s.arrival > by for s in eligible):
+            later = [s for s in eligible if s.arrival > by]
+            eligible = [s for s in eligible if s.arrival <= by]
+        if room <= 0 or not eligible:
+            return 0
+        n = min(room, len(eligible))
+        self.pending = release_window(self.scheduler, eligible, context(n), submit, self.counters, room=n) + later
+        return n
+
+
+__all__ = ["Bookkeeper", "release_window", "Backlog"]

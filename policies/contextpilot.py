@@ -41,7 +41,7 @@ from prism.config import choice, nonneg
 from prism.core import REUSE, TOKEN_BYTES, realigned, serialize_bytes
 from prism.counters import CONTEXTPILOT_EVICTED, CONTEXTPILOT_REORDERED, CONTEXTPILOT_SPLITS
 
-from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.context_tree import ContextIndex, Node
 from prism.policies.fcfs import FCFS
 from prism.policies.lpm import LPM
@@ -72,6 +72,17 @@ class ContextPilot(Scheduler):
 
     name = "contextpilot"
     Knobs = ContextPilotConfig
+    parts = (
+        Part("reorder", "its reordering of each request's documents against its context index",
+             {"contextpilot": {"reorder": False}}),
+        Part("engine_order", "its engine order, SGLang's LPM as its docs run it (off: FCFS, SGLang's default)",
+             {"contextpilot": {"engine_order": "fcfs"}}),
+    )
+
+    @classmethod
+    def base(cls, knobs: ContextPilotConfig) -> str:
+        """The engine ContextPilot sits in front of: its engine order's scheduler (``lpm`` or ``fcfs``)."""
+        return knobs.engine_order
 
     def __init__(self, config: ContextPilotConfig | None = None) -> None:
         self.config = config or ContextPilotConfig()

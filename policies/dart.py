@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from prism.config import nonneg
 from prism.core import PRIV
 
-from prism.policies.base import DemandHints, EvictionPolicy, NodeView, ResidentIndex
+from prism.policies.base import DemandHints, EvictionPolicy, NodeView, Part, ResidentIndex
 
 
 @dataclass
@@ -48,6 +48,15 @@ class DART(EvictionPolicy):
     name = "dart"
     Knobs = DARTConfig
     needs_anchors = True
+    parts = (
+        Part("dart_protection", "DART's protection set F (the top-f segments by P-hat evicted last)",
+             {"dart": {"f": 0}}),
+        Part("dart", "DART altogether (SGLang's LRU instead)", replaced="lru"),
+    )
+
+    @classmethod
+    def base(cls, knobs: DARTConfig) -> str:
+        return "lru"  # SGLang's own eviction, which DART reduces to without hints
 
     def __init__(self, config: DARTConfig | None = None, hints: DemandHints | None = None) -> None:
         super().__init__(hints)
@@ -58,7 +67,8 @@ class DART(EvictionPolicy):
         self._keyed: tuple[bool, frozenset[str]] | None = None  # (_hinted, protected) at the last pass
 
     def prepare(self, cache: ResidentIndex) -> None:
-        """F = the top-f resident segments by P̂, ties by id (recomputed when P̂ or residency changes)."""
+        """F = the top-f resident segments by P̂, ties to the segment resident longest (recomputed when P̂ or
+        residency changes)."""
         prio, f = self.hints.priority, self.config.f
         self._hinted = self.hints.version > 0 and len(prio) > 0
         if not self._hinted or f == 0:
@@ -68,9 +78,10 @@ class DART(EvictionPolicy):
         if self._version == self.hints.version and resident.keys() >= self.protected:
             return
         self._version = self.hints.version
-        # the cache holds far fewer segments than QAS ranks: rank the resident ones, by P̂ descending, ties
-        # by id (a stable sort of the id-sorted set)
-        ranked = sorted(sorted(resident.keys() & prio.keys()), key=prio.__getitem__, reverse=True)
+        # the cache holds far fewer segments than QAS ranks: rank the resident ones, by P̂ descending, ties in
+        # the order they became resident (a stable sort of the cache's own order: it follows the prompts, not the
+        # segments' names, so a renamed trace, an imported one say, is served alike)
+        ranked = sorted([s for s in resident if s in prio], key=prio.__getitem__, reverse=True)
         self.protected = frozenset(s for s in ranked[:f] if prio[s] > 0)
 
     def key(self, node: NodeView) -> tuple:

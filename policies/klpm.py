@@ -18,7 +18,7 @@ from typing import Sequence
 
 from prism.config import positive
 
-from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
 
 
 @dataclass
@@ -26,9 +26,19 @@ class KLPMConfig:
     k: int = positive(2, "one FCFS admission in every k (1 = FCFS; large = LPM)")
 
 
+#: a k no run reaches (one FIFO pick in every k admissions): k-LPM's FIFO share switched off, pure LPM picks
+NO_FIFO_SHARE = 10**12
+
+
 class KLPM(Scheduler):
     name = "klpm"
     Knobs = KLPMConfig
+    parts = (Part("fifo_share", "its FIFO share: one admission in every k goes to the oldest request",
+                  {"klpm": {"k": NO_FIFO_SHARE}}),)
+
+    @classmethod
+    def base(cls, knobs: KLPMConfig) -> str:
+        return "lpm"  # SGLang's LPM, which k-LPM modifies
 
     def __init__(self, config: KLPMConfig | None = None) -> None:
         self.config = config or KLPMConfig()

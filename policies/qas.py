@@ -29,14 +29,19 @@ Choices the design leaves open, made here:
   its first ``batch_hint`` requests (the engine's free running slots; all of them when unknown);
 * requests marked ``fixed_order`` (conversation history, document blocks) are bucketed but never realigned;
 * ``window_s``: the paper's deployment, and the default (0.05 s): QAS runs as an admission front end before
-  an unmodified FCFS engine (``prism.sim.frontend``), one round per window over the requests that arrived in
-  it; 20-50 ms keeps the added delay below a prefill iteration. 0 runs a round per scheduler iteration,
-  inside the engine, which re-plans the whole backlog each time: past the knee that starves requests without
-  hot segments, so in-engine mode serves a request that has waited ``max_wait_s`` ahead of the lanes (FIFO
-  among such requests, lane ``aged``). Default 2 s, measured on zipf and zipf-shuffled at 60-80 QPS (1.2-1.8x
-  the knee), 2 seeds: without a bound P99 TTFT was 13-34 s (P50 under 2 s); 2 s brings P99 to the front
-  end's level (5-20 s) at the same hit rate; 5 s lies between. The window bounds the wait a round adds by
-  itself, so the front end needs no such limit;
+  an unmodified FCFS engine (``prism.sim.frontend``), one round per window; 20-50 ms keeps the added delay
+  below a prefill iteration. What a round plans is ``front_end``: ``backlog`` (the default, DESIGN §3's
+  reading of the paper: requests wait in the front end while the engine is full, each window releases what
+  the engine has room for from the whole pending set, an arrival that finds room goes at once) or
+  ``arrivals`` (the requests that arrived in the window, all released). 0 runs a round per scheduler
+  iteration, inside the engine. In the engine and holding the backlog, a round re-plans requests it left
+  waiting, which past the knee starves requests without hot segments; so a request that has waited
+  ``max_wait_s`` is served ahead of the lanes (FIFO among such requests, lane ``aged``). Default 2 s, measured
+  in-engine on zipf and zipf-shuffled at 60-80 QPS (1.2-1.8x the knee), 2 seeds: without a bound P99 TTFT was
+  13-34 s (P50 under 2 s); 2 s brings P99 to the window-of-arrivals front end's level (5-20 s) at the same hit
+  rate; 5 s lies between. Holding the backlog (zipf, 60-80 QPS, 3 seeds): without a bound P99 12-27 s against
+  6-13 s with it; 1 s and 2 s are alike, 5 s gives P99 8.5 s at 60 QPS. A window of arrivals bounds the wait a
+  round adds by itself and needs no such limit. The deployments side by side: the README's *Deployments*;
 * the published priorities P̂(r) = P(r; B_dispatch) cover every segment with demand (P̂ > 0), for DART;
   the others are absent (zero).
 
@@ -49,14 +54,16 @@ after round, on random queues. A change to QAS's definition is made here first, 
 from __future__ import annotations
 
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from prism.config import nonneg, positive
+from prism.config import choice, nonneg, positive
 from prism.core import PRIV, REUSE
 from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
-from prism.policies.base import FRONT_END, Deployment, DemandHints, Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.base import (BACKLOG, FRONT_END, FRONT_END_HOLDS, Deployment, DemandHints, Part, Plan,
+                                 SchedContext, Scheduler, WaitingRequest)
 
 
 @dataclass
@@ -69,11 +76,24 @@ class QASConfig:
     alpha_size: float = nonneg(1.0, "bucket score weight of the bucket's size")
     beta_util: float = nonneg(0.5, "bucket score weight of the bucket's utility U(b)")
     q_cold: int = nonneg(2, "oldest waiting requests in the FIFO cold lane")
+    buckets: bool = dataclasses.field(default=True, metadata={
+        "doc": "order the hot lane by bucket (false: one bucket, the hot lane in FIFO order; the ablation of "
+               "buckets and lanes)"})
     window_s: float = nonneg(0.05, "> 0: QAS runs as an admission front end, one round per window of this many "
                                    "seconds (the paper's deployment); 0: a round per scheduler iteration, inside "
                                    "the engine")
-    max_wait_s: float = positive(2.0, "in-engine mode: a request waiting longer is served first, FIFO (the "
-                                      "starvation bound)")
+    front_end: str = choice(BACKLOG, FRONT_END_HOLDS, "what the front end holds (window_s > 0): backlog (requests "
+                            "wait in its pending set while the backend is full; each window releases what the "
+                            "backend has room for) or arrivals (each window's arrivals, all released when it "
+                            "closes)")
+    max_wait_s: float = positive(2.0, "in-engine mode and a front end that holds the backlog: a request waiting "
+                                      "longer is served first, FIFO (the starvation bound)")
+
+    @property
+    def replans_backlog(self) -> bool:
+        """Whether a round plans requests that earlier rounds left waiting (in the engine, or as a front end
+        that holds the backlog), which is where the starvation bound applies."""
+        return self.window_s == 0 or self.front_end == BACKLOG
 
 
 def shared(r: WaitingRequest) -> list[str]:
@@ -94,6 +114,19 @@ def age(r: WaitingRequest) -> tuple[float, int]:
 class QAS(Scheduler):
     name = "qas"
     Knobs = QASConfig
+    clock_knobs = ("max_wait_s",)  # window_s reaches the front end through the deployment, dilated there
+    parts = (
+        Part("front_alignment", "front alignment: each prompt's most demanded segments moved first",
+             {"qas": {"f_front": 0}}),
+        Part("buckets_and_lanes", "buckets and lanes: the hot lane ordered by bucket score (off: FIFO)",
+             {"qas": {"buckets": False}}),
+        Part("cold_lane", "the cold lane: the q_cold oldest first in every round", {"qas": {"q_cold": 0}}),
+    )
+
+    @classmethod
+    def base(cls, knobs: QASConfig) -> str:
+        """FCFS: the stock server QAS runs in front of (inside the engine, the order it replaces)."""
+        return "fcfs"
 
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = config or QASConfig()
@@ -106,8 +139,9 @@ class QAS(Scheduler):
 
     @classmethod
     def deployment(cls, knobs: QASConfig) -> Deployment:
-        """``window_s`` > 0: an admission front end (the paper's deployment); 0: inside the engine."""
-        return Deployment(FRONT_END, knobs.window_s) if knobs.window_s > 0 else Deployment()
+        """``window_s`` > 0: an admission front end (the paper's deployment) that holds ``front_end``; 0:
+        inside the engine."""
+        return Deployment(FRONT_END, knobs.window_s, knobs.front_end) if knobs.window_s > 0 else Deployment()
 
     # ------------------------------------------------------------------ a round
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
@@ -119,7 +153,7 @@ class QAS(Scheduler):
         buckets = self.buckets(waiting, aligned, base)  # step 2
         scores = [self.score(members, base, ctx.batch_hint or len(waiting)) for members in buckets]  # step 3
         order, lanes = self.lanes(waiting, buckets, scores)  # step 4
-        if self.config.window_s == 0:
+        if self.config.replans_backlog:
             order, lanes = self.aged_first(order, lanes, ctx.now)
         self._round = (order, base)
         self.counters[QAS_ROUNDS] += 1
@@ -157,7 +191,10 @@ class QAS(Scheduler):
     def buckets(self, waiting: Sequence[WaitingRequest], aligned: dict[int, tuple[str, ...]],
                 priority: dict[str, float]) -> list[list[WaitingRequest]]:
         """Step 2: requests with equal signatures — their top-``kappa`` segments, in aligned order — share a
-        bucket; buckets in the age order of their oldest requests, FIFO inside."""
+        bucket; buckets in the age order of their oldest requests, FIFO inside (``buckets`` off: one bucket of
+        all, FIFO)."""
+        if not self.config.buckets:
+            return [sorted(waiting, key=age)]
         out: dict[tuple[str, ...], list[WaitingRequest]] = {}
         for r in sorted(waiting, key=age):
             top = set(self.rank(reusable(r), priority)[:self.config.kappa])
@@ -184,7 +221,8 @@ class QAS(Scheduler):
         return order, dict.fromkeys(cold_ids, "cold")
 
     def aged_first(self, order: list, lanes: dict[int, str], now: float) -> tuple[list, dict[int, str]]:
-        """In the engine: requests waiting longer than ``max_wait_s`` go first, oldest first (lane ``aged``)."""
+        """Re-planning a backlog: requests waiting longer than ``max_wait_s`` go first, oldest first (lane
+        ``aged``)."""
         aged = sorted((r for r in order if now - r.arrival > self.config.max_wait_s), key=age)
         if not aged:
             return order, lanes

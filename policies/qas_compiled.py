@@ -165,7 +165,7 @@ class CompiledQAS(QAS):
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = cfg = config or QASConfig()
         self.params = Params(cfg.w_a, cfg.w_n, cfg.w_g, cfg.f_front, cfg.kappa, cfg.alpha_size, cfg.beta_util,
-                             cfg.q_cold)
+                             cfg.q_cold, cfg.buckets)
         self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
         self.table = RequestTable()
         self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index
@@ -232,7 +232,7 @@ class CompiledQAS(QAS):
         rnd = plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
                          self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting))
         positions, aged = rnd.order, rnd.order[:0]
-        if cfg.window_s == 0:  # in-engine: the starvation bound
+        if cfg.replans_backlog:  # the starvation bound
             positions, aged = self._aged_first(positions, ctx.now - table.arrival[queued[positions]], age)
         order = [waiting[p] for p in positions.tolist()]
         self._planned = _Planned(order, queued[positions], rnd.base)

@@ -62,6 +62,7 @@ class Params(NamedTuple):
     alpha_size: float
     beta_util: float
     q_cold: int
+    buckets: bool  # False: one bucket of every queued request (the hot lane in FIFO order)
 
 
 class Round(NamedTuple):
@@ -303,8 +304,11 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
     prompts, params = Prompts(*prompts), Params(*params)
     base = params.w_a * active + params.w_g * segment_counts(prompts, queued, active.shape[0])
     prio = priority(base, next_batch, params.w_n)
-    signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
-    bucket_key = _bucket_keys(signatures, active.shape[0])
+    if params.buckets:
+        signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
+        bucket_key = _bucket_keys(signatures, active.shape[0])
+    else:
+        bucket_key = np.zeros(queued.shape[0], np.int64)
     order, cold, grouped, start, size, score = order_queue(prompts, queued, age, bucket_key, base, params, batch_hint)
     return Round(base, prio, order, cold, grouped, start, size, score)
 

@@ -20,13 +20,13 @@ unless it declares another (DFS-weight reads LPM's).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from prism.config import build
 from prism.errors import UserError
 
-from prism.policies.base import Deployment, DemandHints, EvictionPolicy, Policy, Scheduler
+from prism.policies.base import Deployment, DemandHints, EvictionPolicy, Part, Policy, Scheduler
 from prism.policies.routing import Router
 
 SCHEDULERS: dict[str, str] = {
@@ -169,6 +169,40 @@ def resolve_method(method: str | None, scheduler: str | None = None,
     return (preset if preset and not method else f"{s}+{e}"), s, e
 
 
+@dataclass(frozen=True)
+class Ablation:
+    """A method's ablation: the method, its base engine's method (what its policies add their parts to, see
+    :class:`~prism.policies.base.Policy`) and, per part, the method whose run has the part switched off (the
+    method itself, or the method with the policy the part names in place of its own) and the part's knobs."""
+
+    method: str
+    base: str
+    parts: tuple[tuple[Part, str], ...]
+
+
+def ablation(method: str, knobs: Mapping[str, Any] | None = None, where: str = "") -> Ablation:
+    """The ablation of ``method`` with these knob sections (its policies' parts, scheduler first)."""
+    label, sched, evict = resolve_method(method)
+    configs = policy_configs(sched, evict, knobs, where)
+    parts: list[tuple[Part, str]] = []
+    bases = []
+    for table, name in ((SCHEDULERS, sched), (EVICTIONS, evict)):
+        cls = policy_class(table, name)
+        bases.append(cls.base(configs.get(cls.knob_section()) if cls.Knobs is not None else None))
+        for part in cls.parts:
+            pair = (part.replaced or sched, evict) if table is SCHEDULERS else (sched, part.replaced or evict)
+            parts.append((part, resolve_method(None, *pair)[0]))
+    if not parts:
+        raise UserError(f"method {method!r} has no parts to switch off (methods with parts: "
+                        f"{', '.join(m for m in METHODS if _has_parts(m))}, or pairs of their policies)")
+    return Ablation(label, resolve_method(None, *bases)[0], tuple(parts))
+
+
+def _has_parts(method: str) -> bool:
+    sched, evict = METHODS[method]
+    return bool(policy_class(SCHEDULERS, sched).parts or policy_class(EVICTIONS, evict).parts)
+
+
 def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | None = None,
                    where: str = "") -> dict[str, Any]:
     """The validated knob dataclass of each section the scheduler and the eviction policy read (a typo in a
@@ -178,6 +212,19 @@ def policy_configs(scheduler: str, eviction: str, knobs: Mapping[str, Any] | Non
         if cls.knob_section() not in configs:
             configs.update(_knobs(cls, knobs, where))
     return configs
+
+
+def dilated(scheduler: str, eviction: str, configs: Mapping[str, Any], dilation: float) -> dict[str, Any]:
+    """The knobs as a clock ``dilation`` times slower reads them (a paced twin's): each policy's
+    ``clock_knobs`` multiplied by ``dilation``, the other knobs as they are."""
+    out = dict(configs)
+    for table, name in ((SCHEDULERS, scheduler), (EVICTIONS, eviction)):
+        cls = policy_class(table, name)
+        section = cls.knob_section()
+        if cls.clock_knobs and section in out and dilation != 1:
+            knobs = out[section]
+            out[section] = replace(knobs, **{k: getattr(knobs, k) * dilation for k in cls.clock_knobs})
+    return out
 
 
 def deployment_of(scheduler: str, configs: Mapping[str, Any]) -> Deployment:

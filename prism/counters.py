@@ -18,6 +18,8 @@ TIERS = ("private", "reusable", "protected")
 SCHEDULING_ROUNDS = "scheduling_rounds"  # the engine asked its scheduler for a plan
 FRONT_ALIGNMENT_MOVES = "front_alignment_moves"  # requests admitted in a new segment order
 FRONTEND_WINDOWS = "frontend_windows"  # windows an admission front end released
+FRONTEND_HELD = "frontend_held"  # arrivals a backlog-holding front end held (the backend was full, or others waited)
+FRONTEND_PASSED = "frontend_passed"  # arrivals it sent at once (the backend had room and nothing was held)
 
 # retraction (SGLang's admission)
 RETRACTIONS = "retractions"

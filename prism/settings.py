@@ -155,6 +155,24 @@ class RunSpec:
                 checked[p.name] = check_pool(self.engine, p, self.trace, self.trace_source)
         return tuple(checked[p.name] for p in self.instance_profiles or (self.profile,))
 
+    def backlog_limit(self) -> int | None:
+        """The bound a backlog-holding front end keeps on the requests in its engine, running or queued (None:
+        the run's front end holds arrivals, or it has none): on one instance (behind a router or not: a router
+        of one passes every request on) the run's concurrency limit, which the front end enforces instead of
+        the client (the engine sees what a client with that limit would send it); without one, or on several
+        instances (whose client keeps the run's limit: it bounds them together), the engine's running slots,
+        ``max_running_requests``: a request released beyond them could only wait in the engine's FIFO queue,
+        where QAS no longer orders it."""
+        if not self.deployment.holds_backlog:
+            return None
+        limit = self.engine.max_concurrency if self.cluster.instances == 1 else None
+        return limit if limit is not None else self.engine.max_running_requests
+
+    def client_limit(self) -> int | None:
+        """The client's concurrency limit: the run's, unless one instance's backlog front end enforces it."""
+        one = self.cluster.instances == 1
+        return None if self.deployment.holds_backlog and one else self.engine.max_concurrency
+
     def kv_capacity_of(self, instance: int = 0) -> int:
         caps = self.kv_capacities
         return caps[instance] if len(caps) > 1 else caps[0]

@@ -9,7 +9,7 @@ tracks and open side by side. Layout, per engine instance (one *process* of the 
 * counter tracks (``ph: C``): ``KV tokens`` (in use, cached, free), ``requests`` (waiting, running) and
   ``evicted tokens`` by eviction tier (cumulative);
 * one track per request (thread ``1 + id``): ``client`` (arrival until the engine got it: the client's
-  concurrency wait; ``front end`` where QAS holds arrivals in a window), ``queued`` (in the engine's waiting
+  concurrency wait; ``front end`` where QAS's front end held it), ``queued`` (in the engine's waiting
   queue), one ``prefill`` span per chunk (and ``between chunks`` where a real engine spends time between
   them), ``first token`` (prefill end until the client has the token), ``decode`` (from then until it
   finishes or is retracted), and after a retraction an instant ``retracted``, ``queued again``, ``prefill
@@ -184,7 +184,7 @@ class RequestTrack:
 
     def waited(self, arrival: float, sent: float, prefill_start: float, before: str = "client") -> None:
         """Its first admission: the wait before the engine had it (``before``: ``client``, or ``front end``
-        where the method holds arrivals in a window) and in the engine's queue."""
+        where a QAS front end held it) and in the engine's queue."""
         self.span(before, arrival, sent)
         self.span("queued", sent, prefill_start)
 

@@ -256,7 +256,7 @@ class Copy:
 
     def idle(self) -> bool:
         e = self.engine
-        return not (e.active or e.waiting or e.chunked) and not (self.instance.front and self.instance.front.buffer)
+        return not (e.active or e.waiting or e.chunked) and not (self.instance.front and self.instance.front.held)
 
 
 def _used(engine: Engine) -> int:

@@ -1,11 +1,22 @@
 """QAS as an admission front end: one QAS round per window, in front of an unmodified engine.
 
-An operator who cannot change the server's scheduler can still put QAS in front of it: arrivals are held
-for a window Δt_win, then ordered (and their prompts front-aligned) by one QAS round and released to the
-engine in that order. The engine keeps its own scheduler (FCFS, as a stock server would: it serves requests
-in the order they reach it) and budgets; QAS's published priorities still reach the engine's eviction policy
-(DART) through the shared hints. The window trades a bounded extra delay (at most Δt_win) for larger, better
-grouped batches.
+An operator who cannot change the server's scheduler can still put QAS in front of it. The engine keeps its
+own scheduler (FCFS, as a stock server would: it serves requests in the order they reach it) and budgets;
+QAS's published priorities still reach the engine's eviction policy (DART) through the shared hints. What the
+front end holds (``qas.front_end``, DESIGN §3):
+
+* ``backlog`` (the paper's reading in DESIGN §3): requests wait in the front end's pending set, not in the
+  engine's queue, while the engine is full; each window Δt_win releases, in plan order, as many as the engine
+  has room for, from the whole pending set (QAS's cold lane first); an arrival that finds room and nothing
+  held goes at once (a round of its own aligns it). Room is the free slots under the run's concurrency limit
+  (``engine.max_concurrency``, which this front end enforces instead of the client, so the engine sees what a
+  client with that limit would send it), or without a limit (and on several instances, whose client keeps the
+  limit: it bounds them together) under ``engine.max_running_requests``, the engine's running slots: a request released beyond them
+  could only wait in the engine's FIFO queue, where QAS can no longer order it. Requests in the engine's
+  queue count against the room as running ones do (they hold a slot as soon as the engine admits them).
+* ``arrivals``: arrivals are held for a window, then ordered (and their prompts front-aligned) by one round
+  and all released to the engine; the window trades a bounded extra delay (at most Δt_win) for larger, better
+  grouped batches.
 """
 
 from __future__ import annotations
@@ -15,41 +26,63 @@ from collections import Counter
 import simpy
 
 from prism.policies.base import SchedContext, Scheduler
-from prism.policies.bookkeeping import release_window
+from prism.policies.bookkeeping import Backlog, release_window
 
 from prism.sim.engine import Engine, Seq
 
 
 class FrontEnd:
-    def __init__(self, env: simpy.Environment, engine: Engine, scheduler: Scheduler, window_s: float) -> None:
+    """``limit``: the backlog front end's bound on requests in the engine (None: it holds arrivals)."""
+
+    def __init__(self, env: simpy.Environment, engine: Engine, scheduler: Scheduler, window_s: float,
+                 limit: int | None = None) -> None:
         if window_s <= 0:
             raise ValueError("a front end needs a window > 0")
         self.env = env
         self.engine = engine
         self.scheduler = scheduler
         self.window = window_s
-        self.buffer: list[Seq] = []
+        self.limit = limit
+        self.buffer: list[Seq] = []  # the window's arrivals (arrivals mode)
         self.counters: Counter = Counter()
+        self.backlog = Backlog(scheduler, self.counters) if limit is not None else None
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
 
+    @property
+    def held(self) -> int:
+        return len(self.backlog.pending) if self.backlog is not None else len(self.buffer)
+
+    def room(self) -> int:
+        """Free slots in the engine: the limit less its running and queued requests."""
+        return self.limit - len(self.engine.active) - len(self.engine.waiting)
+
     def submit(self, seq: Seq) -> None:
-        self.buffer.append(seq)
+        if self.backlog is not None:
+            if self.backlog.arrive(seq, self.room(), self._context, self.engine.submit):
+                return
+        else:
+            self.buffer.append(seq)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     def _loop(self):
         env = self.env
         while True:
-            if not self.buffer:
+            if not self.held:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
-            yield env.timeout(self.window)  # the window opens with its first arrival
+            yield env.timeout(self.window)  # the window opens with its first held request
             self._release()
 
-    def _release(self) -> None:
+    def _context(self, batch_hint: int) -> SchedContext:
         eng = self.engine
+        return SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=batch_hint)
+
+    def _release(self) -> None:
+        if self.backlog is not None:
+            self.backlog.release(self.room(), self._context, self.engine.submit)
+            return
         held, self.buffer = self.buffer, []
-        ctx = SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=len(held))
-        release_window(self.scheduler, held, ctx, eng.submit, self.counters)
+        release_window(self.scheduler, held, self._context(len(held)), self.engine.submit, self.counters)

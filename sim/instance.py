@@ -53,7 +53,8 @@ class Instance:
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
                              self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host,
                              name=name)
-        self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s)
+        self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
+                               spec.backlog_limit())
                       if self.policies.front_end is not None else None)
         self.entry = self.front or self.engine
         self.queued_prefill_tokens = 0
@@ -67,7 +68,7 @@ class Instance:
 
     @property
     def queued(self) -> int:
-        return len(self.engine.waiting) + (len(self.front.buffer) if self.front is not None else 0)
+        return len(self.engine.waiting) + (self.front.held if self.front is not None else 0)
 
     def match_len(self, key: bytes) -> int:
         """A peek of the cache, remembered for the last key (a router asks each instance once per request,

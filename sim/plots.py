@@ -149,3 +149,52 @@ def _cdf_plot(curves: dict[str, tuple[Path, tuple[str, int]]], cdf_qps: float, p
     else:  # beside the plot, not over its curves
         _legend(fig, ax)
     return save_figure(fig, path)
+
+
+ABLATION_SCALE = 1.6  # shares beyond this are written on their bars, not drawn to scale
+
+
+def plot_ablation(out: Path, table: list[dict[str, Any]]) -> list[Path]:
+    """``ablation_qps<Q>.png`` per QPS of an ablation table (``sim/ablation.py``): each part's share of its
+    method's hit-rate gain and P99 TTFT gain over the base engine, with 95% confidence intervals, a group of
+    bars per method (the sum of parts last); an earlier sweep's plot of another QPS is removed."""
+    paths = []
+    for qps in sorted({r["qps"] for r in table}):
+        rows = [r for r in table if r["qps"] == qps and r["row"] not in ("gain", "base")]
+        gains = {r["method"]: r for r in table if r["qps"] == qps and r["row"] == "gain"}
+        labels = [f"{r['method']}: {r['row']}" for r in rows]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 0.32 * len(rows) + 1.6), sharey=True)
+        y = np.arange(len(rows))[::-1]
+        colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in rows))}
+        for ax, key, title in ((axes[0], "hit", "share of the hit-rate gain"),
+                               (axes[1], "p99", "share of the P99 TTFT gain")):
+            share = np.array([np.nan if r.get(f"{key}_share") is None else r[f"{key}_share"] for r in rows],
+                             dtype=float)
+            ci = np.array([np.nan if r.get(f"{key}_share_ci95") is None else r[f"{key}_share_ci95"] for r in rows],
+                          dtype=float)
+            # a share of a gain near zero (or of a loss) can be far off scale: such bars end at the axis's edge
+            # and say their value
+            value, err = np.nan_to_num(share), np.where(np.isnan(ci), 0, ci)
+            off = np.abs(value) > ABLATION_SCALE
+            ax.barh(y, np.clip(value, -ABLATION_SCALE, ABLATION_SCALE), xerr=np.where(off, 0, err), capsize=3,
+                    color=[matplotlib.colors.to_rgba(colors[r["method"]], 0.4 if r["row"] == "sum of parts" else 0.9)
+                           for r in rows])
+            for yi, v, e in zip(y[off], value[off], err[off]):
+                ax.text(np.sign(v) * ABLATION_SCALE * 0.97, yi, f"{v:.2f} ± {e:.2f}", fontsize=7, va="center",
+                        ha="right" if v > 0 else "left")
+            ax.set_xlim(min(-0.2, value[~off].min(initial=0) - 0.2) if off.sum() == 0 else -ABLATION_SCALE,
+                        max(1.2, value[~off].max(initial=0) + 0.2) if off.sum() == 0 else ABLATION_SCALE)
+            ax.axvline(0, color="k", lw=0.8)
+            ax.axvline(1, color="k", lw=0.8, ls=":")
+            ax.set_title(title, fontsize=9)
+            ax.grid(axis="x", alpha=0.3)
+            gain = "; ".join(f"{m} {g[f'{key}_delta']:+.3g}" for m, g in gains.items()
+                             if g.get(f"{key}_delta") is not None)
+            ax.set_xlabel(f"gain over the base engine:\n{gain}" + (" (hit rate)" if key == "hit" else " s"),
+                          fontsize=7)
+        axes[0].set_yticks(y, labels, fontsize=7)
+        fig.suptitle(f"where the gain comes from, {qps:g} QPS (95% CI over seeds)", fontsize=10)
+        paths.append(save_figure(fig, out / f"ablation_qps{qps:g}.png"))
+    for stale in set(out.glob("ablation_qps*.png")) - set(paths):
+        stale.unlink()
+    return paths

@@ -88,7 +88,7 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
                  for i in range(spec.cluster.instances)]
     entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
-    run.client = Client(run.env, entry, spec.trace.requests, spec.engine.max_concurrency)
+    run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit())
 
     def result(complete: bool) -> SimResult:
         counters: dict[str, int] = {}

@@ -38,7 +38,7 @@ import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 
@@ -203,7 +203,9 @@ def _load_trace(source: str, overrides: dict[str, Any]) -> Trace:
 def simulate_task(task: RunTask) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One run's simulation (in any worker: it writes nothing): its summary, with the Belady reference for
     a single engine, and its records."""
-    spec = settings_from(task.config, "sweep").resolve(task.trace, _load_trace)  # its label is task.method
+    spec = settings_from(task.config, "sweep").resolve(task.trace, _load_trace)
+    if spec.label != task.method:  # a variant of a method under a name of its own (an ablation's)
+        spec = replace(spec, label=task.method)
     res = simulate(spec, served_reference=True)
     summary = res.summary
     if summary.get("seed") is None:  # a materialized trace that names no seed: the run's folder seed
@@ -331,6 +333,7 @@ class Sweep:
     rows: list[dict[str, Any]] = field(default_factory=list)
     merged: list[RunTask] = field(default_factory=list)  # every run in the folder: earlier sweeps' and these
     _locked: bool = False
+    files: ClassVar[tuple[str, ...]] = SWEEP_FILES  # what it writes at its folder's top
 
     def _clusters(self) -> list[tuple[int, str]]:
         return [(n, r) for n in self.instances for r in (self.routers if n > 1 else [""])]
@@ -350,23 +353,27 @@ class Sweep:
         if self._locked:
             yield
             return
-        with folder_lock(self.out, SWEEP_FILES):
+        with folder_lock(self.out, self.files):
             self._locked = True
             try:
                 yield
             finally:
                 self._locked = False
 
+    def identity(self) -> dict[str, Any]:
+        """What a later sweep into the folder must share with this one to merge with it (``sweep.json``)."""
+        return {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
+
     def _merge_earlier(self) -> list[RunTask]:
         """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""
         where = f"--out {self.out}"
-        mine = {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
+        mine = self.identity()
         manifest = self.out / MANIFEST
         earlier: list[RunTask] = []
         if manifest.exists():
             old = read_summary(manifest)  # a JSON object, or None
-            differs = ([k for k in mine if old.get(k) != mine[k]] if old is not None and "runs" in old
-                       else ["unreadable sweep.json"])
+            differs = ([k for k in sorted(set(mine) | set(old) - {"runs"}) if old.get(k) != mine.get(k)]
+                       if old is not None and "runs" in old else ["unreadable sweep.json"])
             if differs and not self.force:
                 raise UserError(f"holds a sweep of other settings ({', '.join(differs)} differ); use another "
                                 "--out, or --force to replace it", where)
@@ -382,7 +389,7 @@ class Sweep:
         return earlier + [t for t in self.tasks() if t.key not in keys]
 
     def _remove_earlier(self) -> None:
-        for name in (*SWEEP_FILES, MANIFEST):
+        for name in (*self.files, MANIFEST):
             (self.out / name).unlink(missing_ok=True)
         for p in self.out.glob("ttft_cdf_qps*.png"):
             p.unlink()
@@ -398,14 +405,13 @@ class Sweep:
 
     def _run(self, on_done: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         tasks = self.merged = self._merge_earlier()
-        for name in (*SWEEP_FILES, MANIFEST, "ttft_cdf_qps*.png"):  # a killed sweep's temporary files
+        for name in (*self.files, MANIFEST, "ttft_cdf_qps*.png"):  # a killed sweep's temporary files
             clear_leftovers(self.out / name)
         finished = {t.key: s for t in tasks if (s := finished_summary(t)) is not None}
         todo = [t for t in tasks if t.key not in finished]
         for t in todo:  # every folder a run will write: checked, and an earlier attempt's files gone, before any run
             prepare_run_dir(t.folder, RUN_FILES, "")
-        write_json({"trace": self.trace, "config": self.config, "belady": self.belady,
-                    "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
+        write_json({**self.identity(), "runs": [t.manifest_entry() for t in tasks]}, self.out / MANIFEST)
         order = {t.key: i for i, t in enumerate(tasks)}
         key = lambda r: (r.get("series") or r["method"], float(r["qps"]), int(r["seed"]))  # noqa: E731
         path = self.out / "summary.csv"

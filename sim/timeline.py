@@ -58,7 +58,7 @@ class SimTimeline(EngineEvents):
         self.steps: dict[int, list[tuple]] = {}  # request id -> its history's steps (prism.timeline), if any
         self.pending: list = []  # finished inside the prefill under way
         self.instances = spec.cluster.instances
-        # the wait before the engine has a request: the QAS front end's window (and any client-side wait)
+        # the wait before the engine has a request: held by the QAS front end (and any client-side wait)
         self.before = "front end" if spec.deployment.front_end else "client"
 
     # ---------------------------------------------------------------- engines and counters

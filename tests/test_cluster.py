@@ -29,6 +29,9 @@ def _csv(tmp_path, name, records, cluster=False):
 
 @pytest.mark.parametrize("method,knobs", [
     ("sglang", {}), ("prism", {}), ("prism", {"qas": {"window_s": 0.03}}), ("klpm", {}), ("fcfs+dart", {}),
+    # the backlog front end holds the run's concurrency limit on one instance, behind its router too
+    ("prism", {"engine": {"max_total_tokens": 20000, "max_concurrency": 12}}),
+    ("prism", {"engine": {"max_total_tokens": 20000, "max_concurrency": 12}, "qas": {"front_end": "arrivals"}}),
 ])
 @pytest.mark.parametrize("router", ["lmetric", "cache_aware"])
 def test_cluster_of_one_is_the_single_engine(tmp_path, method, knobs, router):

@@ -72,6 +72,20 @@ def test_protected_set_is_the_top_f_resident():
                 assert tier == "reusable" and dart.key(n) == (1, hints.priority.get(n.seg_id, 0.0), n.last_access_time)
 
 
+def test_protection_ties_go_to_the_segment_resident_longest_whatever_its_name():
+    """Equal P̂: the segment that became resident first is protected, so a run does not depend on how the
+    trace names its segments (the same prompts under other names are served alike)."""
+    for first, second in (("a", "z"), ("z", "a")):
+        cache = RadixCache(None, 1, anchors=True)
+        insert(cache, [(SYS, "sys", [1]), (REUSE, first, [2, 2]), (PRIV, "q1", [3])], 1.0)
+        insert(cache, [(SYS, "sys", [1]), (REUSE, second, [4, 4]), (PRIV, "q2", [5])], 2.0)
+        hints = DemandHints()
+        hints.publish({"sys": 9.0, first: 3.0, second: 3.0})
+        dart = DART(DARTConfig(f=2), hints)
+        dart.prepare(cache)
+        assert dart.protected == {"sys", first}
+
+
 seq_lists = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(1, 3)),
                      min_size=3, max_size=30)
 

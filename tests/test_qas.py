@@ -110,8 +110,12 @@ def test_in_engine_starvation_bound_serves_aged_requests_first(impl):
     later = SchedContext(7.0, NoCache(), (), hints, batch_hint=2)  # now R1-R4 have: FIFO ahead of R5's bucket
     plan = impl(QASConfig(window_s=0.0, max_wait_s=2.5)).plan(waiting, later)
     assert [r.id for r in plan.order] == [1, 2, 3, 4, 5] and dict(plan.lanes) == dict.fromkeys([1, 2, 3, 4], "aged")
-    # without the bound (or as a front end, whose window bounds the wait) the worked example's order stands
-    assert [r.id for r in impl(QASConfig(max_wait_s=2.5)).plan(waiting, later).order] == [1, 2, 5, 3, 4]
+    # a front end that holds the backlog re-plans it too: the same bound
+    backlog = impl(QASConfig(max_wait_s=2.5, front_end="backlog")).plan(waiting, later)
+    assert [r.id for r in backlog.order] == [1, 2, 3, 4, 5] and backlog.lane(3) == "aged"
+    # without the bound (a front end of arrivals, whose window bounds the wait) the worked example's order stands
+    assert [r.id for r in impl(QASConfig(max_wait_s=2.5, front_end="arrivals")).plan(waiting, later).order] == [
+        1, 2, 5, 3, 4]
 
 
 skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=5, unique=True).map(tuple),
@@ -124,18 +128,21 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
        f=st.integers(0, 4), kappa=st.integers(1, 3), q_cold=st.integers(0, 3), hint=st.integers(0, 5),
        active=st.dictionaries(st.sampled_from(list("ABCDEFGH") + ["sys"]), st.integers(1, 3)),
        engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
-       finish=st.lists(st.booleans(), min_size=100, max_size=100), in_engine=st.booleans(),
-       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4))
+       finish=st.lists(st.booleans(), min_size=100, max_size=100),
+       mode=st.sampled_from(["in-engine", "arrivals", "backlog"]),
+       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans())
 def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
-                                              in_engine, clock):
+                                              mode, clock, buckets):
     """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
-    inside the engine, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
+    re-planning a backlog, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
     published priorities and the segments whose priority fell, round after round. The queue is kept either
     as an engine keeps it (the plan's order minus the admitted head, then new arrivals) or in arrival order;
     arrival times either grow with the id or come in any order. Admitted requests join a(r) as an engine's do
     (``hints.admit``) and some finish between rounds (``hints.release``): the compiled a(r), kept from the
-    changes, must be what the definition reads afresh from ``hints.active`` each round."""
-    cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if in_engine else 0.05, max_wait_s=1.5)
+    changes, must be what the definition reads afresh from ``hints.active`` each round. With ``buckets`` off
+    both keep one bucket of the whole queue."""
+    cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if mode == "in-engine" else 0.05,
+                    max_wait_s=1.5, buckets=buckets, front_end="arrivals" if mode == "arrivals" else "backlog")
     fast, plain = CompiledQAS(cfg), QAS(cfg)
     hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
     waiting: list[Req] = []
@@ -227,7 +234,7 @@ def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
     bucket_key = np.unique([r[0] if r else -1 for r in rows], return_inverse=True)[1].astype(np.int64)
     base = np.array(data.draw(st.lists(st.integers(0, 5), min_size=V, max_size=V)), dtype=float)
     age = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
-    params = Params(1e6, 1e5, 1.0, 3, 1, 1.0, 0.5, q_cold)
+    params = Params(1e6, 1e5, 1.0, 3, 1, 1.0, 0.5, q_cold, True)
     dense = order_queue(prompts, np.arange(n), age, bucket_key, base, params, hint)
     sparse = order_queue(prompts, np.arange(n), age * 1000 + 7, bucket_key, base, params, hint)
     for a, b in zip(dense, sparse):
@@ -236,8 +243,9 @@ def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
     assert dense[1].tolist() == np.argsort(age)[:min(q_cold, n)].tolist()  # the oldest, oldest first
 
 
-@pytest.mark.parametrize("window_s", [0.0, 0.05], ids=["in-engine", "front-end"])
-def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypatch, window_s):
+@pytest.mark.parametrize("window_s,front_end", [(0.0, "backlog"), (0.05, "arrivals"), (0.05, "backlog")],
+                         ids=["in-engine", "front-end-arrivals", "front-end-backlog"])
+def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypatch, window_s, front_end):
     """Registered in place of the compiled class, the readable QAS serves a whole run exactly alike: the same
     records (admission order, alignments, lanes) and counters."""
     from prism.calibration.cost_model import load_profile
@@ -247,8 +255,8 @@ def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypa
     from prism.traces.spec import load_trace
 
     trace = load_trace("zipf", {"num_requests": 300, "qps": 70})
-    knobs = {"qas": {"window_s": window_s}}
-    engine = EngineConfig(max_total_tokens=32768)
+    knobs = {"qas": {"window_s": window_s, "front_end": front_end}}
+    engine = EngineConfig(max_total_tokens=32768, max_concurrency=24)  # holding the backlog, it holds some
 
     def run():
         return simulate(RunSpec.build(trace, "qas", "dart", engine=engine, knobs=knobs, profile=load_profile()))
@@ -259,3 +267,5 @@ def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypa
     assert plain.records == compiled.records
     assert plain.counters == compiled.counters
     assert compiled.counters["front_alignment_moves"] > 50 and compiled.counters["evicted_nodes"] > 0
+    if window_s and front_end == "backlog":
+        assert compiled.counters["frontend_held"] > 50 and compiled.counters["frontend_windows"] > 5

@@ -38,6 +38,12 @@ imbalance_vs_qps.png; an instance count of 1 is the method on one engine. --ray 
 Ray cluster (auto: the cluster this machine joined with `ray start`; ray://HOST:10001; local: a private Ray
 on this machine) with results identical to the process pool's; needs pip install -e ".[ray]".
 
+--ablate runs each method of --methods with each of its parts switched off in turn, and its base engine (PRISM:
+front alignment, buckets and lanes, the cold lane, DART's protection set, DART altogether, over FCFS;
+ContextPilot: its reordering, its engine order, over SGLang; k-LPM: its FIFO share, over SGLang), and writes
+each part's share of the method's hit-rate and P99 TTFT gain over its base, with 95%% CIs over the seeds:
+DIR/ablation.csv, DIR/ablation.json and ablation_qps<Q>.png (runs/<method>-no-<part>/...; no Belady runs).
+
 One sweep at a time writes in a folder (DIR/.sweep.lock). A sweep into a folder that holds an earlier sweep
 of the same trace and settings merges with it (its runs are kept, the tables and plots cover both); one of
 other settings is refused unless --force, which removes the earlier sweep's files first.
@@ -54,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_trace_flag(p)
-    p.add_argument("--methods", default="sglang,klpm,contextpilot,prism", help="comma-separated methods")
+    p.add_argument("--methods", help="comma-separated methods (default: sglang,klpm,contextpilot,prism; with "
+                                      "--ablate: prism,contextpilot,klpm)")
     p.add_argument("--qps", default="40,50,60,70,80", help="comma-separated arrival rates")
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
@@ -68,8 +75,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: auto, ray://HOST:10001, HOST:PORT, or "
                                                     "local (a private Ray on this machine)")
     p.add_argument("--no-belady", action="store_true", help="skip the Belady reference runs (halves the cost)")
+    p.add_argument("--ablate", action="store_true", help="run each method with each of its parts switched off in "
+                                                         "turn and its base engine; report each part's share of "
+                                                         "the gain (see below)")
     p.add_argument("--cdf-qps", type=float, help="QPS of the TTFT CDF plot (default: the middle QPS)")
-    p.add_argument("--out", help="output folder (default runs/sweep-<trace>)")
+    p.add_argument("--out", help="output folder (default runs/sweep-<trace>, with --ablate runs/ablate-<trace>)")
     p.add_argument("--force", action="store_true", help="replace an earlier sweep of other settings in --out "
                                                         "(default: refused; one of the same settings is merged)")
     add_no_progress_flag(p)
@@ -123,6 +133,30 @@ def _check_runs(base: dict, methods: list[str], instances: list[int], routers: l
     return 0 if materialized else spec.seed
 
 
+def _pm(mean, ci, fmt: str = ".3f") -> str:
+    if mean is None or mean != mean:
+        return "-"
+    return f"{mean:{fmt}}" + (f" ± {ci:{fmt}}" if ci is not None and ci == ci else "")
+
+
+def _report_ablation(sweep, out: Path, methods: list[str], base: dict, trace: str) -> int:
+    """The ablation's table, files and plots (the sweep's runs are done)."""
+    from prism.sim.ablation import ablation_table, write_ablation
+    from prism.sim.plots import plot_ablation  # matplotlib: only once the runs are done
+
+    tab = ablation_table(sweep.rows, methods, base)
+    files = write_ablation(out, tab, methods, base, trace) + plot_ablation(out, tab)
+    rows = [[r["method"], f"{r['qps']:g}", r["row"], r["series"], _pm(r["hit_rate"], r["hit_rate_ci95"]),
+             _pm(r.get("hit_delta"), r.get("hit_delta_ci95")), _pm(r.get("hit_share"), r.get("hit_share_ci95"), ".2f"),
+             _pm(r["ttft_p99_s"], r["ttft_p99_s_ci95"], ".3g"), _pm(r.get("p99_delta"), r.get("p99_delta_ci95"), ".3g"),
+             _pm(r.get("p99_share"), r.get("p99_share_ci95"), ".2f")] for r in tab]
+    print(table(rows, ["method", "qps", "row", "series", "hit_rate", "hit_delta", "hit_share", "ttft_p99_s",
+                       "p99_delta", "p99_share"]))
+    print(f"{len(sweep.merged)} runs ({len(sweep.series)} series); wrote {', '.join(p.name for p in files)}, "
+          f"summary.csv and aggregate.csv in {out}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from prism.cli.fleet import FLEET_SWEEP_FLAGS, sweep_main
 
@@ -130,7 +164,9 @@ def main(argv: list[str]) -> int:
         return sweep_main(argv)
     args = parser().parse_args(argv)
     qps = parse_rates(args.qps)
-    methods = comma_list(args.methods, "--methods", "methods")
+    methods = comma_list(args.methods if args.methods is not None else
+                         ("prism,contextpilot,klpm" if args.ablate else "sglang,klpm,contextpilot,prism"),
+                         "--methods", "methods")
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise UserError(f"--seeds must be in 1..{MAX_SEEDS}, got {args.seeds}")
     check_workers(args.workers)
@@ -143,11 +179,23 @@ def main(argv: list[str]) -> int:
     instances, routers = _clusters(base, args, where)
     if materialized and args.seeds > 1:
         raise UserError("--seeds > 1 needs a trace spec (a materialized trace has fixed prompts)", args.trace)
+    if args.ablate and instances != [1]:
+        raise UserError("--ablate runs one engine per run; drop --instances (or give 1)")
     seed0 = _check_runs(base, methods, instances, routers, qps[0], args.trace, where, materialized)
     seeds = [seed0 + i for i in range(args.seeds)]
-    out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.trace).stem}"
-    sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
-                  workers=args.workers, force=args.force, instances=instances, routers=routers, ray_address=args.ray)
+    kind = "ablate" if args.ablate else "sweep"
+    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{Path(args.trace).stem}"
+    if args.ablate:
+        from prism.sim.ablation import AblationSweep
+
+        sweep = AblationSweep(str(args.trace), methods, qps, seeds, base, out, belady=False, workers=args.workers,
+                              force=args.force, ray_address=args.ray)
+        for cfg in sweep.configs(qps[0]):  # every variant's settings valid before the sweep touches its folder
+            settings_from(cfg, where)
+    else:
+        sweep = Sweep(str(args.trace), methods, qps, seeds, base, out, belady=not args.no_belady,
+                      workers=args.workers, force=args.force, instances=instances, routers=routers,
+                      ray_address=args.ray)
     cdf = args.cdf_qps if args.cdf_qps is not None else sorted(qps)[len(qps) // 2]
     if args.ray is not None:  # Ray imported and its cluster reached before anything is written
         from prism.sim.ray_sweep import ray_session
@@ -165,6 +213,8 @@ def main(argv: list[str]) -> int:
                   "same command runs the rest", file=sys.stderr)
             return exit_status()
         bar.close()
+        if args.ablate:
+            return _report_ablation(sweep, out, methods, base, str(args.trace))
         first_seed = {}
         for t in sweep.merged:
             first_seed.setdefault((t.series, t.qps), t.folder)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import Counter
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from test_live_schedule import _key, _tokens, sglang_cache, sglang_req, trace  #
 from prism.core import layout, serialize  # noqa: E402
 from prism.live import hooks  # noqa: E402
 from prism.live.frontend import LiveFrontEnd  # noqa: E402
+from prism.live.requests import SENT_KEY  # noqa: E402
 from prism.policies.base import Deployment  # noqa: E402
 from prism.policies.registry import make_policies, policy_configs  # noqa: E402
 from prism.sim.engine import Seq  # noqa: E402
@@ -77,6 +79,18 @@ def _fill(rng: random.Random, reqs, live_cache, sim_cache) -> None:
             live_cache.insert(InsertParams(key=_key(tokens)))
 
 
+def _replay(env, front: FrontEnd, reqs, until: float) -> None:
+    """The simulator's front end receives each request at its arrival time, until ``until``."""
+
+    def feed():
+        for r in reqs:
+            yield env.timeout(r.arrival - env.now)
+            front.submit(Seq(r))
+
+    env.process(feed())
+    env.run(until=until)
+
+
 def _windows(seed: int):
     """(sim windows, live windows), each a list of [(id, prompt bytes, lane, realigned)], and both hints."""
     rng = random.Random(seed)
@@ -93,14 +107,7 @@ def _windows(seed: int):
     env = simpy.Environment()
     engine = _Recorder(env, sim_cache, sim_pol.hints)
     front = FrontEnd(env, engine, sim_pol.front_end, WINDOW)
-
-    def feed():
-        for r in reqs:
-            yield env.timeout(r.arrival - env.now)
-            front.submit(Seq(r))
-
-    env.process(feed())
-    env.run(until=t + 10 * WINDOW)
+    _replay(env, front, reqs, t + 10 * WINDOW)
     sim: dict[float, list] = {}
     for when, seq in engine.got:
         sim.setdefault(when, []).append((seq.id, seq.key, seq.lane, seq.realigned))
@@ -249,3 +256,226 @@ def test_a_request_joins_the_window_of_its_send_time_not_of_its_receipt():
     assert sorted(r.rid for r in got) == sorted([reqs[0].rid, reqs[1].rid]) and front.held() == 2
     front.release(11.1, sglang_cache(policies.eviction), got.append)  # 10.6 + 0.5: the second window
     assert len(got) == 4 and counters["frontend_windows"] == 2
+
+
+# ------------------------------------------------------------------ holding the backlog
+BACKLOG = Deployment("front_end", WINDOW, "backlog")
+
+
+class _Backend(_Recorder):
+    """An engine whose loop ends a batch at each time of ``grid``: a request it receives is admitted at the
+    next batch end and leaves at the first batch end after its scripted service time (``service[id]``). What a
+    backlog front end counts against its bound: ``active`` and ``waiting``, as the simulator's engine."""
+
+    def __init__(self, env, cache, hints, service, grid) -> None:
+        super().__init__(env, cache, hints)
+        self.waiting: list[Seq] = []
+        self.service, self.grid = service, grid
+
+    def submit(self, seq: Seq) -> None:
+        super().submit(seq)
+        self.waiting.append(seq)
+        self.env.process(self._leave(seq))
+
+    def _leave(self, seq: Seq):
+        yield self.env.timeout(_leaves(self.grid, self.env.now, self.service[seq.id]) - self.env.now)
+        self.waiting.remove(seq)
+
+
+def _next(grid: list[float], t: float) -> float:
+    return grid[bisect.bisect_left(grid, t)]
+
+
+def _leaves(grid: list[float], sent: float, service: float) -> float:
+    """When a request sent at ``sent`` leaves: admitted at the next batch end, done at the first after that
+    plus its service."""
+    return _next(grid, _next(grid, sent) + service)
+
+
+def _backlog_runs(seed: int):
+    """The simulator's and the live backlog front end over the same arrivals, cache and backend (a scripted
+    engine whose batches end on a random grid): [(batch end that admits it, id, prompt bytes, lane,
+    realigned)] each, both published P̂, and the counters. As in SGLang, the live front end sees arrivals
+    (with their send stamps) and the batch's finished requests only at the top of the loop iteration after a
+    batch, then releases the windows that closed meanwhile."""
+    rng = random.Random(seed)
+    reqs = trace(rng, rng.randint(6, 24))
+    t = 0.0
+    for r in reqs:  # bursts: the backend fills up and requests are held for a few windows
+        t += rng.expovariate(1 / 0.003)
+        r.arrival = t
+    limit = rng.randint(1, 10)
+    service = {r.id: rng.uniform(0.005, 0.08) for r in reqs}
+    grid, g = [], 0.0
+    while g < t + 200 * WINDOW:  # batch ends: mostly short batches, some longer than a window
+        g += rng.expovariate(1 / 0.01) if rng.random() < 0.85 else rng.uniform(0.05, 0.15)
+        grid.append(g)
+    sim_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
+    live_pol = make_policies("qas", "dart", policy_configs("qas", "dart"), BACKLOG)
+    sim_cache = RadixCache(None, 1, anchors=True)
+    live_cache = sglang_cache(live_pol.eviction)
+    _fill(rng, reqs, live_cache, sim_cache)
+
+    env = simpy.Environment()
+    engine = _Backend(env, sim_cache, sim_pol.hints, service, grid)
+    front = FrontEnd(env, engine, sim_pol.front_end, WINDOW, limit)
+    _replay(env, front, reqs, grid[-1])
+    assert front.held == 0
+    sim = [(_next(grid, when), seq.id, seq.key, seq.lane, seq.realigned) for when, seq in engine.got]
+
+    counters: Counter = Counter()
+    live_front = LiveFrontEnd(live_pol.front_end, WINDOW, live_pol.hints, counters, limit)
+    sent: list[tuple[float, float, object]] = []  # (batch end that admits it, when it leaves, request)
+    clock = [0.0]
+
+    def in_backend() -> int:
+        return sum(leaves > clock[0] for _, leaves, _ in sent)
+
+    def submit(req) -> None:
+        sent.append((clock[0], _leaves(grid, clock[0], service[req._prism.id]), req))
+
+    pending = list(reqs)
+    for c in grid[:-1]:  # the top of each loop iteration: finishes, then arrivals, then the closed windows
+        clock[0] = c
+        for _, leaves, _ in sent:
+            if leaves == c:
+                live_front.left(c)
+        while pending and pending[0].arrival <= c:
+            r = pending.pop(0)
+            req = sglang_req(r)
+            req.sampling_params.custom_params[SENT_KEY] = r.arrival
+            assert live_front.hold(req, False, c, live_cache, submit, in_backend())
+        live_front.release(c, live_cache, submit, in_backend=in_backend())
+    assert live_front.held() == 0
+    live = [(when, req._prism.id, bytes(np.frombuffer(req.origin_input_ids, dtype=np.int64).astype(np.int32)),
+             req._prism.lane, req._prism.realigned) for when, _, req in sent]
+    return sim, live, dict(sim_pol.hints.priority), dict(live_pol.hints.priority), front.counters, counters
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_live_backlog_front_end_releases_as_the_simulators(seed):
+    sim, live, p_sim, p_live, c_sim, c_live = _backlog_runs(seed)
+    assert live == sim
+    assert p_live == pytest.approx(p_sim)
+    assert c_live == c_sim
+
+
+def test_the_backlog_differential_is_not_trivial():
+    """The runs above hold requests for several windows, release several at once, some ahead of older held
+    requests (QAS's order, not the arrival order), and send others at once."""
+    runs = [_backlog_runs(seed) for seed in range(25)]
+    assert sum(c["frontend_held"] >= 3 and c["frontend_passed"] >= 1 for *_, c in runs) >= 10
+    multi = overtaking = 0
+    for sim, *_ in runs:
+        when_of = {rid: when for when, rid, *_ in sim}  # ids grow with arrival times
+        by_time: dict[float, list[int]] = {}
+        for when, rid, *_ in sim:
+            by_time.setdefault(when, []).append(rid)
+        multi += sum(len(ids) >= 2 for ids in by_time.values())
+        overtaking += sum(any(when_of[o] > when for o in range(max(ids))) for when, ids in by_time.items())
+    assert multi >= 20 and overtaking >= 10
+
+
+class _Batch:
+    def __init__(self, reqs, extend: bool) -> None:
+        self.reqs = reqs
+        self.forward_mode = SimpleNamespace(is_extend=lambda: extend)
+
+
+class _Finished:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def finished(self) -> bool:
+        return self.done
+
+
+def test_in_sglang_counts_every_unfinished_request_once():
+    from prism.live.frontend import in_sglang
+
+    a, b, c, d, e = (_Finished(x) for x in (False, True, False, False, False))
+    running = _Batch([a, b], extend=False)
+    last = _Batch([c, d], extend=True)  # not merged into the running batch yet; d is the chunked request
+    sched = SimpleNamespace(running_batch=running, last_batch=last, chunked_req=d, waiting_queue=[e, object()])
+    assert in_sglang(sched) == 1 + 2 + 2  # a; c, d (once); the queue
+    sched.last_batch = running  # a decode batch that is the running batch: counted once
+    assert in_sglang(sched) == 1 + 1 + 2  # a; d (chunked); the queue
+    sched.last_batch, sched.chunked_req = _Batch([c], extend=False), None  # a decode batch: merged already
+    assert in_sglang(sched) == 1 + 2
+
+
+def test_hooks_pass_arrivals_while_sglang_has_room_then_hold_the_backlog(monkeypatch):
+    saved = hooks._state
+    state = hooks.LiveState(hooks.PluginConfig("qas", "dart", dilation=10.0, backlog_limit=2,
+                                               deployment={"mode": "front_end", "window_s": WINDOW,
+                                                           "holds": "backlog"}))
+    state.cache = sglang_cache(state.eviction)
+    hooks._state = state
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(hooks, "time", SimpleNamespace(monotonic=lambda: clock.now,
+                                                       perf_counter=hooks.time.perf_counter))
+    try:
+        sched = _bare_scheduler()
+        sched.running_batch, sched.last_batch, sched.chunked_req = _Batch([], extend=False), None, None
+        add = Scheduler._add_request_to_queue
+        live = [sglang_req(r) for r in trace(random.Random(8), 5)]
+        hooks.around_add_to_queue(add, sched, live[0])  # room for two: straight to SGLang's queue
+        clock.now = 100.1
+        hooks.around_add_to_queue(add, sched, live[1])
+        assert sched.waiting_queue == live[:2] and state.front.held() == 0
+        for i, req in enumerate(live[2:]):  # SGLang holds two: the rest wait, the first opens a window
+            clock.now = 100.2 + 0.1 * i
+            hooks.around_add_to_queue(add, sched, req)
+        assert sched.waiting_queue == live[:2] and state.front.held() == 3
+
+        def next_batch(sched_, **kwargs):
+            return list(sched_.waiting_queue)
+
+        clock.now = 100.65  # the window (0.5 s real) closes at 100.7: nothing yet
+        assert len(hooks.around_next_batch(next_batch, sched)) == 2
+        sched.running_batch = _Batch([sched.waiting_queue.pop(0), sched.waiting_queue.pop(0)], extend=False)
+        clock.now = 100.75  # closed, but SGLang still holds two (running): nothing goes
+        assert hooks.around_next_batch(next_batch, sched) == [] and state.front.held() == 3
+        clock.now = 101.22  # one finishes after the next window closed (101.2), noticed at the batch's end
+        sched.running_batch.reqs[0].finished_reason = "done"
+        state.release(sched.running_batch.reqs[0])
+        clock.now = 101.25  # the window that closed at 101.2 had no room: still nothing goes
+        assert hooks.around_next_batch(next_batch, sched) == [] and state.front.held() == 3
+        clock.now = 101.75  # the one that closed at 101.7 has room for one
+        queue = hooks.around_next_batch(next_batch, sched)
+        assert len(queue) == 1 and state.front.held() == 2
+        c = state.counters
+        assert c["frontend_passed"] == 2 and c["frontend_held"] == 3 and c["frontend_windows"] == 1
+        assert state.snapshot()["qas_rounds"] == 3  # two passed at once, one window released
+        assert queue[0]._prism.lane == "cold" and queue[0] is live[2]  # the oldest held: the cold lane
+    finally:
+        hooks._state = saved
+
+
+def test_the_starvation_bound_runs_on_the_twins_dilated_clock(monkeypatch):
+    """``qas.max_wait_s`` is a duration of the served engine's clock: the plugin of a twin dilated D times
+    waits D times as long in real seconds (as it does for the window), so a request is served first after the
+    same simulated wait."""
+    saved = hooks._state
+    try:
+        state = hooks.LiveState(hooks.PluginConfig("qas", "dart", dilation=10.0, backlog_limit=4,
+                                                   knobs={"qas": {"max_wait_s": 2.0}},
+                                                   deployment={"mode": "front_end", "window_s": WINDOW,
+                                                               "holds": "backlog"}))
+        qas = state.policies.front_end
+        assert qas.config.max_wait_s == pytest.approx(20.0) and state.front.window == pytest.approx(0.5)
+        reqs = [Seq(r) for r in trace(random.Random(2), 6)]
+        for i, s in enumerate(reqs):
+            s.arrival = float(i)  # sent a real second apart
+        ctx = hooks.SchedContext(5.0 + 19.0, state.cache, (), state.hints, batch_hint=2)  # 19-24 real seconds
+        plan = qas.plan(reqs, ctx)
+        aged = [r.id for r in plan.order if plan.lane(r.id) == "aged"]
+        assert aged == [reqs[0].id, reqs[1].id, reqs[2].id, reqs[3].id]  # over 20 real seconds: 2 undilated
+        undilated = hooks.LiveState(hooks.PluginConfig("qas", "dart", backlog_limit=4,
+                                                       knobs={"qas": {"max_wait_s": 2.0}},
+                                                       deployment={"mode": "front_end", "window_s": WINDOW,
+                                                                   "holds": "backlog"}))
+        assert undilated.policies.front_end.config.max_wait_s == 2.0
+    finally:
+        hooks._state = saved
