@@ -7,7 +7,7 @@ import sys
 
 from prism.cli.common import entry_point, table
 from prism.cli.run_flags import add_fleet_flags, add_run_flags, add_timeline_flag, out_dir, spec_from_args
-from prism.metrics import RecordStream, prepare_run_folder, write_json, write_requests_csv
+from prism.metrics import RecordStream, prepare_run_folder, write_json
 from prism.interrupts import InterruptsHeld, exit_status
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stream.close()
     with InterruptsHeld() as held:  # a result reaches the folder whole, Ctrl-C or not
-        write_requests_csv(result.records, out / "requests.csv", cluster=cluster, fleet=fleet)
+        stream.finish(result.records)  # in request order, from the rows streamed
         write_json(result.summary, out / "summary.json")
         if result.memory:
             from prism.output import write_csv
