@@ -7,7 +7,9 @@ budgets cut each batch: the last of every k admissions is the FCFS one.
 
 Cost per round: a prefix match per waiting request and two sorts (C-level keys); the picks are made only for
 the ``batch_hint`` requests the engine can admit this round (the rest follow in FIFO order: the next round
-picks afresh from the cache as it is then).
+picks afresh from the cache as it is then). Matches are kept between rounds (:mod:`prism.policies.match_memo`):
+a request is matched again only where the cache changed under its match, so a round past the knee, with
+thousands waiting, walks the tree for the requests that arrived and those whose cached prefix changed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Sequence
 from prism.config import positive
 
 from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.match_memo import MatchMemo
 
 
 @dataclass
@@ -33,12 +36,13 @@ class KLPM(Scheduler):
     def __init__(self, config: KLPMConfig | None = None) -> None:
         self.config = config or KLPMConfig()
         self.admitted = 0  # admissions so far, across rounds
+        self.matches = MatchMemo()
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         k = self.config.k
         fifo = sorted(waiting, key=attrgetter("arrival", "id"))
-        match_len = ctx.cache.match_len
-        hits = [match_len(r.key) for r in fifo]
+        match_len, cache = self.matches.match_len, ctx.cache
+        hits = [match_len(cache, r.id, r.key) for r in fifo]
         by_hit = sorted(range(len(fifo)), key=hits.__getitem__, reverse=True)  # stable: older first among equals
         taken = [False] * len(fifo)
         order, cold = [], []
@@ -64,3 +68,4 @@ class KLPM(Scheduler):
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         self.admitted += len(admitted)
+        self.matches.forget(r.id for r in admitted)

@@ -65,6 +65,8 @@ class Node:
 class RadixCache(PrefixTree):
     """Radix KV cache in token units. ``capacity=None`` means unbounded (the infinite-cache reference)."""
 
+    keeps_witnesses = True  # an evicted node's parent is None (PrefixTree.peek)
+
     def __init__(self, capacity: int | None = None, page_size: int = 1, anchors: bool = False) -> None:
         super().__init__(page_size)
         self.capacity = capacity

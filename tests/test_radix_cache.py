@@ -259,3 +259,54 @@ def test_new_nodes_follow_the_anchor_rule(lengths, page, span, anchors):
 
     cuts = sorted({e - e % page for e, _, _ in layout if start < e - e % page < end}) if anchors else []
     assert pieces(layout, start, end, page, anchors) == [(c, *holder(c)) for c in [*cuts, end]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(queued=st.lists(seqs, min_size=1, max_size=12), ops=ops, page=st.sampled_from([1, 2, 4]),
+       capacity=st.integers(8, 80), anchors=st.booleans(), requeue=st.lists(st.booleans(), min_size=60,
+                                                                           max_size=60))
+def test_kept_matches_equal_fresh_peeks_while_the_tree_changes(queued, ops, page, capacity, anchors, requeue):
+    """A waiting request's match kept between rounds (``MatchMemo``: walked again only where the witness says
+    the tree changed under it) equals a fresh peek after every insert, split (admission's match), lock, unlock
+    and eviction; a prompt given as a new key object is walked again; forgotten requests are dropped."""
+    from prism.policies.match_memo import MatchMemo
+
+    cache, memo = RadixCache(capacity, page, anchors=anchors), MatchMemo()
+    keys = {i: key(s) for i, s in enumerate(queued)}
+    locked, clock, walks = [], 0.0, 0
+    peek = cache.peek
+
+    def counted(k):
+        nonlocal walks
+        walks += 1
+        return peek(k)
+
+    cache.peek = counted
+    for step, (op, seq, n) in enumerate(ops):
+        clock += 1.0
+        k = key(seq)
+        if op == "insert":
+            cache.insert(k, clock, [(len(seq) // 2, "reuse", "a"), (len(seq), "priv", "b")])
+            over = cache.size - capacity
+            if over > 0:
+                cache.evict(over, lambda nd: (nd.last_access_time,))
+        elif op in ("match", "lock"):
+            _, node = cache.match(k, clock)
+            if op == "lock" and node is not cache.root:
+                cache.lock(node)
+                locked.append(node)
+        elif op == "unlock" and locked:
+            cache.unlock(locked.pop(n % len(locked)))
+        elif op == "evict":
+            cache.evict(n, lambda nd: (nd.last_access_time,))
+        rid = n % len(queued)
+        if requeue[step]:  # the request's prompt as a new bytes object (a realigned or retracted request)
+            keys[rid] = bytes(bytearray(keys[rid]))
+        for i, kk in keys.items():
+            assert memo.match_len(cache, i, kk) == cache.match_len(kk)
+    before = walks
+    for i, kk in keys.items():  # nothing changed since the last round: no walk
+        assert memo.match_len(cache, i, kk) == cache.match_len(kk)
+    assert walks == before
+    memo.forget(keys)
+    assert len(memo) == 0
