@@ -1,43 +1,78 @@
-"""Cached prefix matches of waiting requests, kept between scheduling rounds.
+"""Cached prefix matches of waiting requests, kept current between scheduling rounds from the tree's changes.
 
 A scheduler that ranks its whole queue by cached prefix every round (k-LPM) would walk the tree once per
 waiting request per round: past the knee, thousands of walks a round for matches that mostly did not change.
-the index's witness of it (:meth:`~prism.policies.prefix_tree
-.PrefixTree.peek`) and walks again only where the witness says the tree changed under it (an insert, split or
-eviction at the node the match stopped in) or the request's prompt changed (a new key object: realigned,
-retracted). Matches are the same as fresh peeks, round after round; an index without witnesses is peeked
-every time.
+A peek (:meth:`~prism.policies.prefix_tree.PrefixTree.peek`) stops at a node, either at the key's end, or at
+the *slot* of the key's next page among that node's children: empty there, or holding a child that the key
+then leaves (matched in part). The match can grow only through that slot (a new child there, or its child
+replaced by a split's upper part) and shrink only when the node it stops at, or the child in the slot, is
+evicted (only leaves are: the nodes above are held by them). A tree that logs its changes
+(:meth:`~prism.policies.prefix_tree.PrefixTree.log_changes`: each slot that gains, loses or replaces a child,
+each evicted node) lets the memo walk again, each round, only the requests watching a changed slot or node:
+the matches are those of fresh peeks, at a cost per round of the changes, not of the queue.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+_EVICTED = None  # the page of a log entry that says the node itself was evicted
+
 
 class MatchMemo:
-    """Request id -> (key, index, matched tokens, witness) of its last peek."""
+    """Matched tokens of the requests it was asked about, against one tree (``index``), kept current."""
 
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple] = {}
+    def __init__(self, index) -> None:
+        self.index = index
+        self._log = index.log_changes()  # the tree appends (node, page) entries
+        self.hits: dict[int, int] = {}  # request id -> tokens matched
+        self._keys: dict[int, bytes] = {}
+        self._watchers: dict[tuple, set[int]] = {}  # (node, page) or (node, _EVICTED) -> request ids
 
-    def match_len(self, index, rid: int, key: bytes) -> int:
-        """Tokens of ``key`` (request ``rid``'s prompt) that ``index`` holds, as ``index.match_len(key)``."""
-        e = self._entries.get(rid)
-        if e is not None and e[0] is key and e[1] is index and index.still_matches(e[3]):
-            return e[2]
-        peek = getattr(index, "peek", None)
-        if peek is None:
-            return index.match_len(key)
-        m, witness = peek(key)
-        if witness is not None:
-            self._entries[rid] = (key, index, m, witness)
+    def add(self, rid: int, key: bytes) -> int:
+        """Peek request ``rid``'s prompt ``key`` and keep its match current; returns it."""
+        m, (node, page, _) = self.index.peek(key)
+        self.hits[rid] = m
+        self._keys[rid] = key
+        watch = self._watchers
+        if page is not None:
+            watch.setdefault((node, page), set()).add(rid)
+        if node is not self.index.root:
+            watch.setdefault((node, _EVICTED), set()).add(rid)
         return m
 
     def forget(self, rids: Iterable[int]) -> None:
-        """Drop what is kept of these requests (admitted: they leave the queue)."""
-        pop = self._entries.pop
+        """Stop keeping these requests' matches (their watches go when they fire)."""
         for rid in rids:
-            pop(rid, None)
+            self.hits.pop(rid, None)
+            self._keys.pop(rid, None)
+
+    def refresh(self) -> dict[int, int]:
+        """Bring the kept matches up to the tree's changes since the last call: {request id: old match} of
+        those whose match changed."""
+        log, watch = self._log, self._watchers
+        if not log:
+            return {}
+        dirty: set[int] = set()
+        for entry in log:
+            rids = watch.pop(entry, None)
+            if rids:
+                dirty |= rids
+        log.clear()
+        changed = {}
+        hits, keys = self.hits, self._keys
+        for rid in dirty:
+            key = keys.get(rid)
+            if key is None:  # forgotten since
+                continue
+            old = hits[rid]
+            if self.add(rid, key) != old:
+                changed[rid] = old
+        return changed
+
+    def close(self) -> None:
+        """The tree stops logging for this memo."""
+        self.index.stop_logging(self._log)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.hits)

@@ -101,16 +101,10 @@ class PrefixTree:
             return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
         return pos // TOKEN_BYTES
 
-    def peek(self, key: bytes) -> tuple[int, tuple | None]:
-        """:meth:`match_len` and a *witness* of it, or None where this tree keeps none: :meth:`still_matches`
-        tells later, in O(1), that the match cannot have changed. The walk stops at a node, either at the
-        key's end, or where no child starts with the key's next page, or in a child that starts with it and
-        then differs (the partly matched one). The match can grow only through that child slot (a new child
-        there, or the partly matched one replaced by a split's upper part), and shrink only when the node the
-        match ends in is evicted (only leaves are: the others hold it), which a tree that keeps witnesses
-        marks by ``parent = None``. The witness is that node, its next page and the child there."""
-        if not self.keeps_witnesses:
-            return self.match_len(key), None
+    def peek(self, key: bytes) -> tuple[int, tuple]:
+        """:meth:`match_len` and where the walk stopped: (the last node matched whole, the key's next page there
+        (None at the key's end), the child in that slot matched in part or None). A match can change only
+        through that slot or by that node's eviction (:mod:`prism.policies.match_memo`)."""
         node, pos, partial = self._walk(key, self.root, 0, False)
         m = pos // TOKEN_BYTES
         if partial is not None:
@@ -118,19 +112,16 @@ class PrefixTree:
             m += self._lcp(ck, key[pos:pos + len(ck)])
         return m, (node, key[pos:pos + self._pb] if pos < len(key) else None, partial)
 
-    def still_matches(self, witness: tuple | None) -> bool:
-        """Whether the match a :meth:`peek` gave with ``witness`` still holds (False: peek again)."""
-        if witness is None:
-            return False
-        node, page, partial = witness
-        if node.parent is None and node is not self.root:
-            return False  # evicted
-        if partial is None:
-            return page is None or page not in node.children
-        return partial.parent is node and node.children.get(page) is partial
+    #: whether the tree logs its changes for :meth:`log_changes` (the simulator's cache does)
+    logs_changes = False
 
-    #: whether an evicted node is marked by ``parent = None`` (see :meth:`peek`); the simulator's cache does
-    keeps_witnesses = False
+    def log_changes(self) -> list:
+        """A list the tree appends its changes to from now on: (node, page) for each child slot of a node that
+        gains, loses or replaces a child, (node, None) for each node evicted."""
+        raise TypeError(f"{type(self).__name__} does not log its changes")
+
+    def stop_logging(self, log: list) -> None:
+        """Stop appending to ``log``."""
 
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
         """(position, end depth) of the nodes the held part of ``key`` runs through, a partly matched node

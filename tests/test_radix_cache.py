@@ -266,13 +266,17 @@ def test_new_nodes_follow_the_anchor_rule(lengths, page, span, anchors):
        capacity=st.integers(8, 80), anchors=st.booleans(), requeue=st.lists(st.booleans(), min_size=60,
                                                                            max_size=60))
 def test_kept_matches_equal_fresh_peeks_while_the_tree_changes(queued, ops, page, capacity, anchors, requeue):
-    """A waiting request's match kept between rounds (``MatchMemo``: walked again only where the witness says
-    the tree changed under it) equals a fresh peek after every insert, split (admission's match), lock, unlock
-    and eviction; a prompt given as a new key object is walked again; forgotten requests are dropped."""
+    """Waiting requests' matches kept current from the tree's change log (``MatchMemo``: walked again only
+    when a slot or node they watch changed) equal fresh peeks after every insert, split (admission's match),
+    lock, unlock and eviction; a request added again with a new prompt is matched on it; a round without
+    changes walks nothing; forgotten requests are dropped and their watches ignored."""
     from prism.policies.match_memo import MatchMemo
 
-    cache, memo = RadixCache(capacity, page, anchors=anchors), MatchMemo()
+    cache = RadixCache(capacity, page, anchors=anchors)
+    memo = MatchMemo(cache)
     keys = {i: key(s) for i, s in enumerate(queued)}
+    for i, k in keys.items():
+        memo.add(i, k)
     locked, clock, walks = [], 0.0, 0
     peek = cache.peek
 
@@ -299,14 +303,21 @@ def test_kept_matches_equal_fresh_peeks_while_the_tree_changes(queued, ops, page
             cache.unlock(locked.pop(n % len(locked)))
         elif op == "evict":
             cache.evict(n, lambda nd: (nd.last_access_time,))
+        old = dict(memo.hits)
+        changed = memo.refresh()
+        assert changed == {i: h for i, h in old.items() if memo.hits[i] != h}
         rid = n % len(queued)
-        if requeue[step]:  # the request's prompt as a new bytes object (a realigned or retracted request)
-            keys[rid] = bytes(bytearray(keys[rid]))
+        if requeue[step]:  # the request comes back with another prompt (the next one's)
+            keys[rid] = keys[(rid + 1) % len(queued)]
+            memo.add(rid, keys[rid])
         for i, kk in keys.items():
-            assert memo.match_len(cache, i, kk) == cache.match_len(kk)
+            assert memo.hits[i] == cache.match_len(kk)
     before = walks
-    for i, kk in keys.items():  # nothing changed since the last round: no walk
-        assert memo.match_len(cache, i, kk) == cache.match_len(kk)
-    assert walks == before
-    memo.forget(keys)
-    assert len(memo) == 0
+    assert memo.refresh() == {} and walks == before  # nothing changed since: no walk
+    memo.forget(list(keys)[1:])
+    cache.insert(key([9] * 8), clock + 1)
+    cache.evict(cache.size, lambda nd: (nd.last_access_time,))
+    memo.refresh()
+    assert list(memo.hits) == [0] and memo.hits[0] == cache.match_len(keys[0])
+    memo.close()
+    assert not cache._logs
