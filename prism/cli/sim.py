@@ -13,8 +13,6 @@ from prism.metrics import RecordStream, prepare_run_folder, write_json
 from prism.interrupts import InterruptsHeld, exit_status
 from prism.policies.registry import ROUTERS
 from prism.sim.run import SimInterrupted, simulate
-from prism.sim.timeline import SimTimeline
-from prism.timeline import timeline_note, timeline_path
 
 EPILOG = """\
 subcommands:
@@ -119,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the command itself: the process ends with this run
         _collector_off_until_exit()
     spec = spec_from_args(args)
-    timeline = timeline_path(args.timeline, out_dir(args, spec))  # a bad PATH: before anything is written
+    timeline = None
+    if args.timeline is not None:  # its modules only for a run that draws one
+        from prism.sim.timeline import SimTimeline
+        from prism.timeline import timeline_note, timeline_path
+
+        timeline = timeline_path(args.timeline, out_dir(args, spec))  # a bad PATH: before anything is written
     out = prepare_run_folder(out_dir(args, spec))
     events = SimTimeline(timeline, spec) if timeline is not None else None
     cluster = spec.cluster.instances > 1
