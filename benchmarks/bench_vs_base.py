@@ -12,7 +12,9 @@ time is the parent's, launch to exit, interpreter start and imports included; th
 (``wait4``). Both sides read the same trace spec file (this checkout's). Every repeat runs each case on both
 sides in turn, the side that goes first alternating, so that a slow spell on a shared machine hits both alike.
 Printed per case: the median and the fastest of each side, the ratio new/old of the medians (and of the
-fastest), the target where the issue sets one, and the peak RSS of each side. ``--json`` writes the figures.
+fastest), the target where the issue sets one, the peak RSS of each side, and each side's median over its own
+fcfs median of the same size and pool where the cases include it (issue 31: every method within 1.5x fcfs on
+zipf: ``--trace zipf --profile ''``). ``--json`` writes the figures.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def run_once(python: str, argv: list[str]) -> tuple[float, float]:
 
 def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[str]:
     n, pool, method = case.split(":")
-    argv = ["--trace", trace, "--profile", profile, "--method", method, "--no-progress",
+    argv = ["--trace", trace, *(["--profile", profile] if profile else []), "--method", method, "--no-progress",
             "--set", f"trace.num_requests={int(n)}",
             "--set", f"engine.max_total_tokens={'null' if pool == 'gpu' else int(pool)}"]
     return argv + (["--qps", str(qps)] if qps is not None else [])
@@ -68,8 +70,9 @@ def main() -> None:
     p.add_argument("--new-python", default=sys.executable, help="this checkout's interpreter (default: this one)")
     p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated REQUESTS:POOL:METHOD (see above)")
     p.add_argument("--repeat", type=int, default=3, help="processes per case and side (median and fastest)")
-    p.add_argument("--trace", default=str(HERE / "traces" / "prefix20.yaml"), help="trace spec both sides run")
-    p.add_argument("--profile", default="h100-sxm-80g:llama-3.1-8b", help="GPU:MODEL profile")
+    p.add_argument("--trace", default=str(HERE / "traces" / "prefix20.yaml"),
+                   help="trace spec both sides run (a path, or a built-in spec's name)")
+    p.add_argument("--profile", default="h100-sxm-80g:llama-3.1-8b", help="GPU:MODEL profile ('': the default)")
     p.add_argument("--qps", type=float, help="arrival rate (default: the spec's)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
@@ -79,7 +82,8 @@ def main() -> None:
     rss: dict[tuple[str, str], float] = {}
     for rep in range(args.repeat):
         for i, case in enumerate(cases):
-            argv = case_argv(case, str(Path(args.trace).resolve()), args.profile, args.qps)
+            trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
+            argv = case_argv(case, trace, args.profile, args.qps)
             order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
             for side in order:
                 wall, peak = run_once(sides[side], argv)
@@ -89,7 +93,7 @@ def main() -> None:
                   f"new {walls[case, 'new'][-1]:.2f} s", file=sys.stderr, flush=True)
     print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}")
     print(f"{'case':24s} {'old_med':>8s} {'new_med':>8s} {'ratio':>6s} {'old_min':>8s} {'new_min':>8s} "
-          f"{'r_min':>6s} {'target':>6s} {'old_rss':>8s} {'new_rss':>8s}")
+          f"{'r_min':>6s} {'target':>6s} {'old_rss':>8s} {'new_rss':>8s} {'old/fcfs':>8s} {'new/fcfs':>8s}")
     rows = []
     for case in cases:
         o, n = walls[case, "old"], walls[case, "new"]
@@ -101,9 +105,14 @@ def main() -> None:
         row["ratio"] = row["new_median_s"] / row["old_median_s"]
         row["ratio_min"] = row["new_min_s"] / row["old_min_s"]
         rows.append(row)
+        fcfs = f"{size}:{pool}:fcfs"  # each side against its own fcfs run of the same size and pool (medians)
+        vs = {side: statistics.median(walls[case, side]) / statistics.median(walls[fcfs, side])
+              for side in sides} if fcfs in cases else {}
+        row.update({f"{side}_vs_fcfs": v for side, v in vs.items()})
         print(f"{case:24s} {row['old_median_s']:8.2f} {row['new_median_s']:8.2f} {row['ratio']:6.2f} "
               f"{row['old_min_s']:8.2f} {row['new_min_s']:8.2f} {row['ratio_min']:6.2f} "
-              f"{'' if target is None else f'{target:.2f}':>6s} {row['old_rss_mib']:7.0f}M {row['new_rss_mib']:7.0f}M")
+              f"{'' if target is None else f'{target:.2f}':>6s} {row['old_rss_mib']:7.0f}M {row['new_rss_mib']:7.0f}M "
+              f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 
