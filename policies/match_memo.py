@@ -28,24 +28,37 @@ class MatchMemo:
         self.hits: dict[int, int] = {}  # request id -> tokens matched
         self._keys: dict[int, bytes] = {}
         self._watchers: dict[tuple, set[int]] = {}  # (node, page) or (node, _EVICTED) -> request ids
+        self._watching: dict[int, tuple] = {}  # request id -> what it watches (dropped when it is forgotten)
 
     def add(self, rid: int, key: bytes) -> int:
         """Peek request ``rid``'s prompt ``key`` and keep its match current; returns it."""
         m, (node, page, _) = self.index.peek(key)
         self.hits[rid] = m
         self._keys[rid] = key
-        watch = self._watchers
-        if page is not None:
-            watch.setdefault((node, page), set()).add(rid)
+        self._unwatch(rid)
+        watched = ((node, page),) if page is not None else ()
         if node is not self.index.root:
-            watch.setdefault((node, _EVICTED), set()).add(rid)
+            watched += ((node, _EVICTED),)
+        for w in watched:
+            self._watchers.setdefault(w, set()).add(rid)
+        self._watching[rid] = watched
         return m
 
+    def _unwatch(self, rid: int) -> None:
+        watchers = self._watchers
+        for w in self._watching.pop(rid, ()):
+            rids = watchers.get(w)
+            if rids is not None:
+                rids.discard(rid)
+                if not rids:
+                    del watchers[w]
+
     def forget(self, rids: Iterable[int]) -> None:
-        """Stop keeping these requests' matches (their watches go when they fire)."""
+        """Stop keeping these requests' matches (and their watches: the memo holds only what it keeps)."""
         for rid in rids:
             self.hits.pop(rid, None)
             self._keys.pop(rid, None)
+            self._unwatch(rid)
 
     def refresh(self) -> dict[int, int]:
         """Bring the kept matches up to the tree's changes since the last call: {request id: old match} of
@@ -76,3 +89,7 @@ class MatchMemo:
 
     def __len__(self) -> int:
         return len(self.hits)
+
+    def watches(self) -> int:
+        """Watches held (one or two per kept request; for tests)."""
+        return sum(map(len, self._watchers.values()))

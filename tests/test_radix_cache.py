@@ -319,5 +319,6 @@ def test_kept_matches_equal_fresh_peeks_while_the_tree_changes(queued, ops, page
     cache.evict(cache.size, lambda nd: (nd.last_access_time,))
     memo.refresh()
     assert list(memo.hits) == [0] and memo.hits[0] == cache.match_len(keys[0])
+    assert memo.watches() <= 2  # the forgotten requests' watches went with them
     memo.close()
     assert not cache._logs

@@ -157,13 +157,13 @@ def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
     from prism.settings import merge_flags, settings_from
     from prism.sim import run as sim_run
 
-    reference = sim_run.infinite_cache_hit_rate
+    reference = sim_run.Replay._served_rate
 
-    def interrupted_reference(requests):
+    def interrupted_reference(self):
         os.kill(os.getpid(), signal.SIGINT)
-        return reference(requests)
+        return reference(self)
 
-    monkeypatch.setattr(sim_run, "infinite_cache_hit_rate", interrupted_reference)
+    monkeypatch.setattr(sim_run.Replay, "_served_rate", interrupted_reference)
     spec = settings_from(merge_flags({}, ["trace.num_requests=30"], method="fcfs"), "test").resolve("zipf")
     with pytest.raises(KeyboardInterrupt) as e:  # caught as such: a bare one would end the test session
         sim_run.simulate(spec, served_reference=True)
