@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from array import array
 from dataclasses import asdict, dataclass, fields
 from operator import attrgetter
 from pathlib import Path
@@ -158,8 +159,8 @@ class RecordStream:
         self._block: list[str] = []  # formatted rows not yet in the file
         self._w = csv.writer(_Lines(self._block))  # one whole line per row, as csv writes them
         self._w.writerow(self._columns)
-        self._ids: list[int] = []
-        self._lengths: list[int] = []  # characters of each row in the file (the header's first)
+        self._ids = array("q")  # machine integers: 8 bytes a row, not an int object's 36
+        self._lengths = array("q")  # bytes of each row in the file (the header's first)
         self._every = flush_every
 
     def __call__(self, r: RequestRecord) -> None:
@@ -169,9 +170,13 @@ class RecordStream:
             self._flush()
 
     def _flush(self) -> None:
-        self._f.write("".join(self._block))
+        text = "".join(self._block)
+        self._f.write(text)
         self._f.flush()
-        self._lengths.extend(map(len, self._block))
+        if text.isascii():  # bytes in the file: characters, unless a name has others
+            self._lengths.extend(map(len, self._block))
+        else:
+            self._lengths.extend(len(row.encode(self._f.encoding)) for row in self._block)
         self._block.clear()
 
     def close(self) -> None:
@@ -183,21 +188,22 @@ class RecordStream:
         """The file rewritten whole in request order (atomically), as :func:`write_requests_csv` writes
         ``records``, from the rows already written where they are those records, else from ``records``."""
         self.close()
-        streamed = len(self._lengths) == len(self._ids) + 1 and self._ids == [r.id for r in records]
+        streamed = len(self._lengths) == len(self._ids) + 1 and self._ids == array("q", [r.id for r in records])
         if not streamed:  # a row lost between finishing and streaming (Ctrl-C at that instant): format again
             write_requests_csv(records, self.path, columns=self._columns)
             return
-        with self.path.open(newline="") as f:
-            text = f.read()
+        text = self.path.read_bytes()  # bytes, not decoded: the file once in memory, not twice
         ends = np.cumsum(self._lengths)
         if len(text) != ends[-1]:
             write_requests_csv(records, self.path, columns=self._columns)
             return
-        order = np.argsort(np.asarray(self._ids, dtype=np.int64), kind="stable") + 1  # row i is line i + 1
-        starts = ends - np.asarray(self._lengths)
-        with atomic_path(self.path) as tmp, tmp.open("w", newline="") as f:
+        order = np.argsort(np.frombuffer(self._ids, dtype=np.int64), kind="stable") + 1  # row i is line i + 1
+        starts = ends - np.frombuffer(self._lengths, dtype=np.int64)
+        with atomic_path(self.path) as tmp, tmp.open("wb") as f:
             f.write(text[:ends[0]])
-            f.writelines(text[a:b] for a, b in zip(starts[order].tolist(), ends[order].tolist()))
+            for i in range(0, len(order), 8192):  # in blocks: a whole run's offsets as Python ints cost 15 MB
+                block = order[i:i + 8192]
+                f.writelines(text[a:b] for a, b in zip(starts[block].tolist(), ends[block].tolist()))
 
 
 class _Lines:
