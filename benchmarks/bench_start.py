@@ -10,6 +10,10 @@ peak RSS (``ru_maxrss``) when the trace starts to load, the other ends the proce
 (``simpy.Environment.step``). Wall times are the parent's, from launch to exit, interpreter start included.
 Targets (issue 14): time to first event <= 2x the reference, peak RSS before the trace loads <= 80 MiB.
 
+``--whole N`` times the whole command instead, to its exit, on N requests (issue 31: ``prism-sim --method prism``
+on 10 requests within 2x the reference, as fcfs), for each ``--method`` given (comma-separated), run as the console
+script runs it (``main()`` reading ``sys.argv``); its peak RSS is the process's at exit.
+
 Two conditions, each process of both kinds alike:
 
 * ``cached`` (the target's): compiled bytecode is read from a cache, as for any installed package (pip
@@ -64,6 +68,20 @@ cli.main(sys.argv[1:])
 """
 
 
+#: the whole command, as its console script runs it, then what it imported and its peak RSS
+WHOLE = r"""
+import json, resource, sys
+from prism.cli.sim import main
+try:
+    code = main()
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("matplotlib", "scipy", "numba") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy,
+                  "rss_first_event_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
 def timed(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, str]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -79,7 +97,11 @@ def main() -> None:
     p.add_argument("--method", default="fcfs", help="method of the prism-sim process (default fcfs)")
     p.add_argument("--trace", default="zipf", help="a built-in spec or an absolute path")
     p.add_argument("--python", action="append", default=[], help="another interpreter to compare (repeatable)")
+    p.add_argument("--whole", type=int, metavar="N",
+                   help="time the whole command on N requests, to its exit (--method may list several)")
     args = p.parse_args()
+    if args.whole is not None:
+        return whole(args)
     pythons = [sys.executable, *args.python]
     best: dict[tuple[str, str, str], float] = {}
     info: dict[tuple[str, str], dict] = {}
@@ -112,6 +134,43 @@ def main() -> None:
             print(f"{py[-40:]:40s} {cond:8s} {ref:6.3f} {sim:6.3f} {sim / ref:6.2f} "
                   f"{rec.get('t_trace_s', nan):10.3f} {rec.get('rss_before_trace_mib', nan):10.1f} MiB "
                   f"{rec['rss_first_event_mib']:9.1f} MiB  {','.join(rec['heavy']) or '-'}")
+
+
+def whole(args: argparse.Namespace) -> None:
+    """``--whole N``: each method's whole command against the reference, best of ``--repeat``, interleaved."""
+    methods = args.method.split(",")
+    pythons = [sys.executable, *args.python]
+    best: dict[tuple[str, str], float] = {}
+    info: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = f"{tmp}/pycache"
+
+        def cmd(py: str, method: str) -> list[str]:
+            return [py, "-c", WHOLE, "--trace", args.trace, "--method", method, "--no-progress",
+                    "--set", f"trace.num_requests={args.whole}", "--out", f"{tmp}/run"]
+
+        for py in pythons:  # the warm-up that writes the caches
+            timed([py, "-c", REFERENCE], tmp, env)
+            for m in methods:
+                timed(cmd(py, m), tmp, env)
+        for _ in range(args.repeat):
+            for py in pythons:
+                ref, _ = timed([py, "-c", REFERENCE], tmp, env)
+                best[py, "ref"] = min(best.get((py, "ref"), ref), ref)
+                for m in methods:
+                    t, out = timed(cmd(py, m), tmp, env)
+                    if t < best.get((py, m), float("inf")):
+                        best[py, m] = t
+                        info[py, m] = json.loads(out.strip().splitlines()[-1])
+    print(f"best of {args.repeat} fresh processes (bytecode cached); prism-sim --trace {args.trace} on {args.whole} "
+          "requests, the whole command")
+    print(f"{'python':40s} {'method':14s} {'ref_s':>6s} {'sim_s':>6s} {'x_ref':>6s} {'peak_rss':>9s}  heavy modules")
+    for py in pythons:
+        for m in methods:
+            ref, sim, rec = best[py, "ref"], best[py, m], info[py, m]
+            print(f"{py[-40:]:40s} {m:14s} {ref:6.3f} {sim:6.3f} {sim / ref:6.2f} {rec['rss_first_event_mib']:6.1f} MiB  "
+                  f"{','.join(rec['heavy']) or '-'}")
 
 
 if __name__ == "__main__":

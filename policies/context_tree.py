@@ -43,8 +43,11 @@ a chance to be the closest (``_contenders``): O(depth · k · sharing children) 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from itertools import count
 from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
 
 Doc = Hashable
 
@@ -163,12 +166,13 @@ class ContextIndex:
     def search(self, context: Sequence[Doc], alive: Callable[[Node], bool] | None = None) -> Match | None:
         """The node the context matches (None: no match), after removing the dead leaves on the way."""
         pos = positions(context)
+        live: set[Node] = set()  # nodes known to hold a live leaf during this search
         while True:
-            found = self._descend(pos, len(context), alive)
+            found = self._descend(pos, len(context), alive, live)
             if found is not _AGAIN:
                 return found
 
-    def _descend(self, pos: dict, length: int, alive: Callable[[Node], bool] | None):
+    def _descend(self, pos: dict, length: int, alive: Callable[[Node], bool] | None, live: set[Node]):
         node, have, alpha = self.root, pos.keys(), self.alpha
         while True:
             if node.is_leaf:  # only the root can be reached without children: an empty index
@@ -182,7 +186,7 @@ class ContextIndex:
                 if node is self.root:
                     return None
                 return Match(node, len(have & node.pos.keys()), True)
-            if alive is not None and not self._live(best, alive):
+            if alive is not None and best not in live and not self._live(best, alive, live):
                 return _AGAIN
             overlap = len(have & best.pos.keys())
             if best.docs[0] in have:
@@ -197,31 +201,41 @@ class ContextIndex:
         documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
         exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
         smallest upper bound can neither win nor tie: only the others get their distance computed."""
-        shared: dict[Node, int] = {}
+        shared: Counter[Node] = Counter()
+        by_doc = node.by_doc
         for d in pos:
-            for c in node.by_doc.get(d, ()):
-                shared[c] = shared.get(c, 0) + 1
-        if len(shared) <= 2:
+            holders = by_doc.get(d)
+            if holders:
+                shared.update(holders.keys())
+        n = len(shared)
+        if n <= 2:
             return list(shared)
-        alpha, low = self.alpha, {}
-        bound = 2.0
-        for c, k in shared.items():
-            m = max(length, len(c.docs))
-            lo = low[c] = 1.0 - k / m
-            bound = min(bound, lo + alpha * (m - 1))
+        # the bounds of all of them at once (the same float64 operations, element by element)
+        k = np.fromiter(shared.values(), np.float64, n)
+        m = np.fromiter([len(c.docs) for c in shared], np.float64, n)
+        np.maximum(m, length, out=m)
+        low = 1.0 - k / m
+        bound = min(2.0, float((low + self.alpha * (m - 1)).min()))
         cut = _F32.unpack(_F32.pack(bound))[0]
-        return [c for c, lo in low.items() if _F32.unpack(_F32.pack(lo))[0] <= cut]
+        keep = (low.astype(np.float32) <= cut).tolist()  # cut is a float32: compared exactly
+        return [c for c, kept in zip(shared, keep) if kept]
 
-    def _live(self, node: Node, alive: Callable[[Node], bool]) -> bool:
+    def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:
         """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune
-        ``node`` itself). Stops at the first live leaf, depth first."""
+        ``node`` itself). Stops at the first live leaf, depth first. The nodes on the way down to it go into
+        ``live``: a search asks again for the child it descends into, and for a node on that way the walk
+        would meet only that leaf again (the dead leaves before it are gone), so the answer is known."""
+        if node in live:
+            return True
         if node.is_leaf:
             if alive(node):
+                live.add(node)
                 return True
             self.remove(node)
             return False
         for child in list(node.children):
-            if self._live(child, alive):
+            if self._live(child, alive, live):
+                live.add(node)
                 return True
         return False
 

@@ -5,13 +5,20 @@ cached prefix (greedily, against the cache as it is at the start of the round). 
 becomes LPM. The admission count carries across rounds, so the FCFS share holds however the engine's
 budgets cut each batch: the last of every k admissions is the FCFS one.
 
-Cost per round: a prefix match per waiting request and two sorts (C-level keys); the picks are made only for
-the ``batch_hint`` requests the engine can admit this round (the rest follow in FIFO order: the next round
-picks afresh from the cache as it is then).
+:meth:`KLPM.plan_reference` is the definition: a prefix match per waiting request and two sorts; the picks
+are made only for the ``batch_hint`` requests the engine can admit this round (the rest follow in FIFO order:
+the next round picks afresh from the cache as it is then). Past the knee that is thousands of matches a round,
+almost all unchanged since the last. :meth:`KLPM.plan` gives the same orders from a queue kept between rounds
+(:class:`_Ranked`): requests in FIFO order and by match length, the matches kept current by
+:class:`~prism.policies.match_memo.MatchMemo` from the cache's changes; a round costs the requests that
+arrived, left or whose match changed, plus its picks. It falls back to the definition for a cache that does
+not log its changes, and rebuilds its queue whenever the waiting queue is not the one it expects (the last
+order minus what the engine admitted, then arrivals).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Sequence
@@ -19,6 +26,7 @@ from typing import Sequence
 from prism.config import positive
 
 from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.match_memo import MatchMemo
 
 
 @dataclass
@@ -43,9 +51,20 @@ class KLPM(Scheduler):
     def __init__(self, config: KLPMConfig | None = None) -> None:
         self.config = config or KLPMConfig()
         self.admitted = 0  # admissions so far, across rounds
+        self._ranked: _Ranked | None = None  # the queue kept between rounds (None: build it at the next round)
+        self._order: list | None = None  # the last plan's order, until its dispatch
 
-    def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+    def _slots(self, n: int, ctx: SchedContext) -> int:
+        # the engine admits at most batch_hint requests this round, and the next round picks afresh: past them
+        # the queue follows in FIFO order
+        return min(n, ctx.batch_hint) if ctx.batch_hint > 0 else n
+
+    def _is_fcfs_slot(self, slot: int) -> bool:
         k = self.config.k
+        return (self.admitted + slot) % k == k - 1
+
+    def plan_reference(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+        """The definition (module docstring): every waiting request matched afresh."""
         fifo = sorted(waiting, key=attrgetter("arrival", "id"))
         match_len = ctx.cache.match_len
         hits = [match_len(r.key) for r in fifo]
@@ -53,11 +72,9 @@ class KLPM(Scheduler):
         taken = [False] * len(fifo)
         order, cold = [], []
         fi = hi = 0
-        # the engine admits at most batch_hint requests this round, and the next round picks afresh: past them
-        # the queue follows in FIFO order
-        slots = min(len(fifo), ctx.batch_hint) if ctx.batch_hint > 0 else len(fifo)
+        slots = self._slots(len(fifo), ctx)
         for slot in range(slots):
-            if (self.admitted + slot) % k == k - 1:
+            if self._is_fcfs_slot(slot):
                 while taken[fi]:
                     fi += 1
                 pick = fi
@@ -72,5 +89,147 @@ class KLPM(Scheduler):
             order += [r for r, t in zip(fifo, taken) if not t]
         return Plan(order, lanes=dict.fromkeys(cold, "cold"))
 
+    def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+        """The definition's order, from the queue kept between rounds (module docstring)."""
+        if not getattr(ctx.cache, "logs_changes", False):
+            return self.plan_reference(waiting, ctx)
+        ranked = self._ranked
+        if ranked is None or ranked.memo.index is not ctx.cache or not ranked.sync(waiting):
+            if ranked is not None:
+                ranked.close()
+            ranked = self._ranked = _Ranked(ctx.cache, waiting)
+        ranked.refresh()
+        picks, cold = [], []
+        fifo, by_hit = ranked.oldest(), ranked.longest()
+        taken: set[int] = set()
+        for slot in range(self._slots(len(ranked), ctx)):
+            source = fifo if self._is_fcfs_slot(slot) else by_hit
+            r = next(source)
+            while r.id in taken:
+                r = next(source)
+            taken.add(r.id)
+            picks.append(r)
+            if source is fifo:
+                cold.append(r.id)
+        order = picks + ranked.fifo_without(picks)
+        ranked.expect(order)
+        return Plan(order, lanes=dict.fromkeys(cold, "cold"))
+
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         self.admitted += len(admitted)
+        if self._ranked is not None:
+            self._ranked.dispatched(admitted)
+
+
+class _Ranked:
+    """The waiting requests as k-LPM ranks them, kept between rounds: in FIFO (arrival, id) order and, per match
+    length, in FIFO order; the matches kept current by a :class:`MatchMemo`."""
+
+    def __init__(self, cache, waiting: Sequence[WaitingRequest]) -> None:
+        self.memo = MatchMemo(cache)
+        self._fifo_keys: list[tuple] = []  # (arrival, id), sorted
+        self._fifo: list = []  # the requests, in the same order
+        self._by_hit: dict[int, list[tuple]] = {}  # match length -> (arrival, id) keys of its requests, sorted
+        self._levels: list[int] = []  # the match lengths present, ascending
+        self._request: dict[int, WaitingRequest] = {}
+        self._expected: list = []  # the waiting queue expected at the next round, before arrivals
+        self._add(waiting)
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    # ---------------------------------------------------------------- membership
+    def sync(self, waiting: Sequence[WaitingRequest]) -> bool:
+        """Take the round's waiting queue: False (rebuild) unless it starts with the expected one."""
+        expected = self._expected
+        m = len(expected)
+        if len(waiting) < m or waiting[:m] != expected:
+            return False
+        self._add(waiting[m:])
+        return True
+
+    def _add(self, requests: Sequence[WaitingRequest]) -> None:
+        for r in requests:
+            if r.id in self._request:
+                self._remove(r.id)
+            key = (r.arrival, r.id)
+            i = bisect_left(self._fifo_keys, key)
+            self._fifo_keys.insert(i, key)
+            self._fifo.insert(i, r)
+            self._request[r.id] = r
+            self._place(key, self.memo.add(r.id, r.key))
+        self._expected = list(self._fifo)
+
+    def _remove(self, rid: int) -> None:
+        r = self._request.pop(rid)
+        key = (r.arrival, r.id)
+        i = bisect_left(self._fifo_keys, key)
+        del self._fifo_keys[i], self._fifo[i]
+        self._unplace(key, self.memo.hits[rid])
+        self.memo.forget((rid,))
+
+    def expect(self, order: list) -> None:
+        """The plan handed the engine ``order``; until its dispatch says what it took, it is the queue."""
+        self._expected = order
+
+    def dispatched(self, admitted: Sequence[WaitingRequest]) -> None:
+        """The engine took ``admitted``, the head of the expected order (else the next round rebuilds)."""
+        n = len(admitted)
+        if list(admitted) != self._expected[:n]:
+            self._expected = [None]  # matches no queue: the next round rebuilds
+            return
+        for r in admitted:
+            self._remove(r.id)
+        self._expected = self._expected[n:]
+
+    def close(self) -> None:
+        self.memo.close()
+
+    # ---------------------------------------------------------------- ranks
+    def _place(self, key: tuple, hit: int) -> None:
+        level = self._by_hit.get(hit)
+        if level is None:
+            level = self._by_hit[hit] = []
+            insort(self._levels, hit)
+        insort(level, key)
+
+    def _unplace(self, key: tuple, hit: int) -> None:
+        level = self._by_hit[hit]
+        del level[bisect_left(level, key)]
+        if not level:
+            del self._by_hit[hit]
+            del self._levels[bisect_left(self._levels, hit)]
+
+    def refresh(self) -> None:
+        """Re-rank the requests whose match the cache's changes moved."""
+        memo, request = self.memo, self._request
+        for rid, old in memo.refresh().items():
+            r = request.get(rid)
+            if r is not None:
+                key = (r.arrival, r.id)
+                self._unplace(key, old)
+                self._place(key, memo.hits[rid])
+
+    def oldest(self):
+        """The requests, oldest first."""
+        return iter(self._fifo)
+
+    def longest(self):
+        """The requests, longest match first, older first among equals."""
+        request = self._request
+        for hit in reversed(self._levels):
+            for _, rid in self._by_hit[hit]:
+                yield request[rid]
+
+    def fifo_without(self, picks: list) -> list:
+        """The requests in FIFO order but ``picks``."""
+        if not picks:
+            return list(self._fifo)
+        keys, fifo = self._fifo_keys, self._fifo
+        cut = sorted(bisect_left(keys, (r.arrival, r.id)) for r in picks)
+        out, start = [], 0
+        for i in cut:
+            out += fifo[start:i]
+            start = i + 1
+        out += fifo[start:]
+        return out

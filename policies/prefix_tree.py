@@ -101,6 +101,28 @@ class PrefixTree:
             return pos // TOKEN_BYTES + self._lcp(ck, key[pos:pos + len(ck)])
         return pos // TOKEN_BYTES
 
+    def peek(self, key: bytes) -> tuple[int, tuple]:
+        """:meth:`match_len` and where the walk stopped: (the last node matched whole, the key's next page there
+        (None at the key's end), the child in that slot matched in part or None). A match can change only
+        through that slot or by that node's eviction (:mod:`prism.policies.match_memo`)."""
+        node, pos, partial = self._walk(key, self.root, 0, False)
+        m = pos // TOKEN_BYTES
+        if partial is not None:
+            ck = partial.key
+            m += self._lcp(ck, key[pos:pos + len(ck)])
+        return m, (node, key[pos:pos + self._pb] if pos < len(key) else None, partial)
+
+    #: whether the tree logs its changes for :meth:`log_changes` (the simulator's cache does)
+    logs_changes = False
+
+    def log_changes(self) -> list:
+        """A list the tree appends its changes to from now on: (node, page) for each child slot of a node that
+        gains, loses or replaces a child, (node, None) for each node evicted."""
+        raise TypeError(f"{type(self).__name__} does not log its changes")
+
+    def stop_logging(self, log: list) -> None:
+        """Stop appending to ``log``."""
+
     def match_path(self, key: bytes) -> list[tuple[int, int]]:
         """(position, end depth) of the nodes the held part of ``key`` runs through, a partly matched node
         included (:meth:`match_len` tells where in it the match ends): a peek too."""

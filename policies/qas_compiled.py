@@ -14,6 +14,11 @@ indices in a matrix row registered once, on the request's first round. Finding t
 lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
 queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
 the part of the queue that matches it.
+
+A short simulation runs the same kernels interpreted (``policies.qas_round``: loading the compiled ones costs
+a process about 0.8 s, an interpreted round of a few requests about 0.2 ms) until its rounds have cost about
+what compiling would, then compiled; a long one (or a live server, which warms them before it serves)
+compiles at its first round. Which runs changes no result.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
 from prism.policies.base import DemandHints, LazyAlignment, Plan, SchedContext, WaitingRequest
 from prism.policies.qas import QAS, QASConfig
-from prism.policies.qas_round import Params, Prompts, Round, aligned_row, changes, dispatch, plan_round
+from prism.policies.qas_round import INTERPRETED, Params, Prompts, Round, compiled
 
 
 class RequestTable:
@@ -159,8 +164,23 @@ class _Planned(NamedTuple):
     base: np.ndarray  # per segment: w_a·a + w_g·g of the round, P without the batch term
 
 
+#: a simulation of at most this many requests starts with the kernels interpreted
+INTERPRET_UP_TO_REQUESTS = 8192
+#: interpreted rounds' cost, in rounds of a few requests (``1 + queued / 16`` each), before compiling: about
+#: the compiled kernels' load time (0.8 s) at 0.2 ms a round
+INTERPRET_BUDGET = 4000
+
+
 class CompiledQAS(QAS):
     """:class:`~prism.policies.qas.QAS`'s rounds, compiled (module docstring)."""
+
+    @classmethod
+    def build(cls, knobs: QASConfig | None, hints: DemandHints, requests: Sequence) -> "CompiledQAS":
+        """The registry's QAS for a run of ``requests`` (a live server passes none: compiled at once)."""
+        qas = cls(knobs)
+        if 0 < len(requests) <= INTERPRET_UP_TO_REQUESTS:
+            qas.interpret_budget = INTERPRET_BUDGET
+        return qas
 
     def __init__(self, config: QASConfig | None = None) -> None:
         self.config = cfg = config or QASConfig()
@@ -177,6 +197,15 @@ class CompiledQAS(QAS):
         self._a_known = 0
         self._a_hints: DemandHints | None = None  # the hints it mirrors
         self.counters: Counter = Counter()
+        self.interpret_budget = 0.0  # rounds left to run interpreted (module docstring); 0: compiled
+        self._k = INTERPRETED  # the kernels of the last round (its dispatch and alignments use them too)
+
+    def _kernels(self, queued: int):
+        """The kernels for a round of ``queued`` requests: interpreted while the budget lasts, then compiled."""
+        if self.interpret_budget > 0:
+            self.interpret_budget -= 1 + queued / 16
+            return INTERPRETED
+        return compiled()
 
     @property
     def last(self) -> dict | None:
@@ -229,7 +258,8 @@ class CompiledQAS(QAS):
         queued = table.rows(waiting)
         n_segments = len(table.segment_names)
         age = table.age_key(queued)
-        rnd = plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
+        self._k = k = self._kernels(len(queued))
+        rnd = k.plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
                          self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting))
         positions, aged = rnd.order, rnd.order[:0]
         if cfg.replans_backlog:  # the starvation bound
@@ -242,7 +272,7 @@ class CompiledQAS(QAS):
         self.counters[QAS_BUCKETS] += len(rnd.bucket_size)
         cold = dict.fromkeys(table.request_id[queued[rnd.cold]].tolist(), "cold")  # q_cold requests at most
         lanes = cold if not len(aged) else _AgedLanes(table, queued[aged], cold)
-        return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front), lanes=lanes)
+        return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front, k.aligned_row), lanes=lanes)
 
     def _aged_first(self, positions: np.ndarray, waited: np.ndarray, age: np.ndarray):
         """The round's order with the requests that waited more than ``max_wait_s`` moved to its head, oldest
@@ -262,7 +292,7 @@ class CompiledQAS(QAS):
             return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
-        out = dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
+        out = self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
                        len(self.table.segment_names))
         self._next_batch = out.next_batch
         remaining = list(planned.order)
@@ -275,7 +305,7 @@ class CompiledQAS(QAS):
     def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
-        up, gone, fell = changes(published, self._published)
+        up, gone, fell = self._k.changes(published, self._published)
         out, names = self._published_by_name, self.table.segment_names
         out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
         for i in gone.tolist():
@@ -291,8 +321,10 @@ class _Alignment(LazyAlignment):
     """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
     Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
 
-    def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int) -> None:
+    def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int,
+                 aligned_row) -> None:
         self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
+        self._aligned_row = aligned_row  # the round's kernel
         # the queued rows, as a set made at the first call: O(queue) per round that admits (an array over every
         # row ever registered would make a front end's rounds of a few arrivals cost O(requests so far) each)
         self._rows: set[int] | None = None
@@ -305,7 +337,7 @@ class _Alignment(LazyAlignment):
         row = table.row_of.get(rid)  # None: registered after this round, not queued
         if row not in self._rows:
             return default
-        out, moved = aligned_row(table.prompts, row, self._priority, self._f_front)
+        out, moved = self._aligned_row(table.prompts, row, self._priority, self._f_front)
         if not moved:
             return default
         names = table.segment_names

@@ -1,5 +1,6 @@
 """A QAS round as compiled loops (numba, cached on disk): the round itself, what a dispatch publishes, and the
-front alignment of one request.
+front alignment of one request. The same loops also run interpreted (:data:`INTERPRETED`), which a short run
+prefers: see *Start* below.
 
 Model. The kernels read QAS's request table as a :class:`Prompts`: one row per registered request, column 0
 its system segment, then its reusable segments in prompt order, -1 padded; segments are numbered in
@@ -32,14 +33,32 @@ dozens of them. A round also pays a few microseconds to call its kernel and box 
 
 Every float is computed with the same operations, in the same order per element, as the formulas state them;
 sums of distinct terms (bucket utilities) may add in another order, which is exact for the default integer
-weights."""
+weights.
+
+Start. Loading the compiled loops costs a process about 0.8 s even from numba's cache (0.18 s to import numba,
+0.3 s for the scipy import numba makes to find BLAS, the rest its typing set-up), which is most of a
+2,048-request run; an interpreted round of a few requests costs about 0.2 ms. So the kernels are plain
+functions: :data:`INTERPRETED` holds them as Python runs them (their calls to each other stay interpreted),
+and :func:`compiled` compiles them all, once per process, on first use (numba resolves a kernel's calls to
+the others at compile time from this module's names, which then are the compiled ones). Both run the same
+code on the same arrays; the tests hold their results equal.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from types import FunctionType, SimpleNamespace
+from typing import Callable, NamedTuple
 
 import numpy as np
-from numba import njit
+
+
+_KERNELS: dict[str, Callable] = {}  # name -> the plain function, in definition order
+
+
+def kernel(fn: Callable) -> Callable:
+    """Register ``fn`` as a kernel: a plain function that :func:`compiled` turns into a numba one."""
+    _KERNELS[fn.__name__] = fn
+    return fn
 
 
 class Prompts(NamedTuple):
@@ -87,14 +106,14 @@ class Dispatch(NamedTuple):
     published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
 
 
-@njit(cache=True)
+@kernel
 def priority(base, in_batch, w_n):
     """P(r; B) = w_a·a(r) + w_n·n(r; B) + w_g·g(r), given ``base`` = w_a·a + w_g·g and ``in_batch`` = n(r; B).
     Linear, so it also gives a sum of priorities from the sums of the counters."""
     return base + w_n * in_batch
 
 
-@njit(cache=True)
+@kernel
 def segment_counts(prompts, rows, n_segments):
     """Per segment: how many of these rows contain it, system and reusable segments."""
     count = np.zeros(n_segments)
@@ -107,13 +126,13 @@ def segment_counts(prompts, rows, n_segments):
     return count
 
 
-@njit(cache=True)
+@kernel
 def _before(prio, a, b):
     """Whether segment a ranks before b: higher priority, ties to the segment seen first (lower index)."""
     return prio[a] > prio[b] or (prio[a] == prio[b] and a < b)
 
 
-@njit(cache=True)
+@kernel
 def _best_positions(prompts, rows, prio, k):
     """Where each row's ``k`` best reusable segments stand in it (0: its first), best first; -1 pads rows
     with fewer. Pass t picks, for every row, the best segment that ranks after its pick of pass t-1 (equal
@@ -140,7 +159,7 @@ def _best_positions(prompts, rows, prio, k):
     return pos
 
 
-@njit(cache=True)
+@kernel
 def _aligned_top(prompts, rows, prio, k, f_front):
     """Each row's ``k`` best reusable segments (all, when it has fewer), listed in its aligned order: -1
     padded, ``k`` columns. Front alignment moves a row's ``f_front`` best segments to the front, best first,
@@ -165,7 +184,7 @@ def _aligned_top(prompts, rows, prio, k, f_front):
     return out
 
 
-@njit(cache=True)
+@kernel
 def aligned_row(prompts, r, prio, f_front):
     """Row r's aligned order (segment indices) and whether it differs from the prompt's."""
     prompts = Prompts(*prompts)
@@ -178,7 +197,7 @@ def aligned_row(prompts, r, prio, f_front):
     return out, moved
 
 
-@njit(cache=True)
+@kernel
 def _counting_sort(key, n_keys, members):
     """``members`` ordered by ``key`` (small non-negative integers), stably; and where each key starts."""
     start = np.zeros(n_keys + 1, np.int64)
@@ -193,7 +212,7 @@ def _counting_sort(key, n_keys, members):
     return out, start
 
 
-@njit(cache=True)
+@kernel
 def _bucket_keys(signatures, n_segments):
     """A key per request, equal for equal signature rows (keys < number of requests). Refines a partition
     column by column: (key so far, segment in this column) -> new key, with a marker per segment; each
@@ -220,7 +239,7 @@ def _bucket_keys(signatures, n_segments):
     return key
 
 
-@njit(cache=True)
+@kernel
 def _fifo(age):
     """Queue positions oldest first, by a unique age key: a counting sort when the keys are dense, as an
     engine's queue has them."""
@@ -235,7 +254,7 @@ def _fifo(age):
     return slot[slot >= 0]
 
 
-@njit(cache=True)
+@kernel
 def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
     """Buckets, their scores and the admission order (step 3 of :func:`plan_round`). Requests with equal
     ``bucket_key`` (integers from 0 to the queue's length) share a bucket."""
@@ -292,7 +311,7 @@ def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
     return order, cold, grouped, start[:n_buckets], size, score
 
 
-@njit(cache=True)
+@kernel
 def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
     """One QAS round over the ``queued`` rows (in queue order).
 
@@ -313,7 +332,7 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
     return Round(base, prio, order, cold, grouped, start, size, score)
 
 
-@njit(cache=True)
+@kernel
 def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
     """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
     taken, the rows that remain, the next batch (the first ``len(taken)`` of them) and the published
@@ -338,7 +357,7 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
                     priority(base, segment_counts(prompts, taken, n_segments), w_n))
 
 
-@njit(cache=True)
+@kernel
 def changes(new, old):
     """Where a publication differs from the last (``old`` is shorter when segments were added since; its
     missing entries are zero): ``(set, dropped, fell)``, the indices now positive, those now zero, and those
@@ -361,3 +380,30 @@ def changes(new, old):
                 fell[c] = i
                 c += 1
     return up[:a], gone[:b], fell[:c]
+
+
+def _interpreted() -> SimpleNamespace:
+    """The kernels as Python runs them, each a copy of the plain function whose calls to the other kernels go
+    to the plain copies too (this module's names become the compiled ones once :func:`compiled` ran)."""
+    scope = dict(globals())
+    scope.update({name: FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
+                  for name, fn in _KERNELS.items()})
+    return SimpleNamespace(**{name: scope[name] for name in _KERNELS})
+
+
+#: the kernels, interpreted
+INTERPRETED = _interpreted()
+_compiled: SimpleNamespace | None = None
+
+
+def compiled() -> SimpleNamespace:
+    """The kernels compiled by numba (cached on disk), compiling them on the first call in this process."""
+    global _compiled
+    if _compiled is None:
+        from numba import njit  # a run that never compiles never imports numba
+
+        scope = globals()
+        for name, fn in _KERNELS.items():
+            scope[name] = njit(cache=True)(fn)
+        _compiled = SimpleNamespace(**{name: scope[name] for name in _KERNELS})
+    return _compiled

@@ -25,7 +25,6 @@ from prism.settings import RunSpec
 
 from prism.sim.engine import Engine, Seq
 from prism.sim.events import EngineEvents
-from prism.sim.frontend import FrontEnd
 
 
 class Instance:
@@ -53,9 +52,12 @@ class Instance:
         self.engine = Engine(env, spec.engine, profile.cost, self.policies.scheduler, self.policies.eviction,
                              self.capacity, self.policies.hints, on_finish, on_admit=admit, events=events, host=host,
                              name=name)
-        self.front = (FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
-                               spec.backlog_limit())
-                      if self.policies.front_end is not None else None)
+        self.front = None
+        if self.policies.front_end is not None:
+            from prism.sim.frontend import FrontEnd  # only a method with a front end imports it
+
+            self.front = FrontEnd(env, self.engine, self.policies.front_end, spec.deployment.window_s,
+                                  spec.backlog_limit())
         self.entry = self.front or self.engine
         self.queued_prefill_tokens = 0
         self._estimate: dict[int, int] = {}  # queued request id -> uncached tokens when routed

@@ -65,6 +65,8 @@ class Node:
 class RadixCache(PrefixTree):
     """Radix KV cache in token units. ``capacity=None`` means unbounded (the infinite-cache reference)."""
 
+    logs_changes = True
+
     def __init__(self, capacity: int | None = None, page_size: int = 1, anchors: bool = False) -> None:
         super().__init__(page_size)
         self.capacity = capacity
@@ -86,6 +88,19 @@ class RadixCache(PrefixTree):
         self._lowered: set[str] | None = None
         self._tick = count()
         self._pass_start = 0
+        self._logs: list[list] = []  # PrefixTree.log_changes's lists
+
+    def log_changes(self) -> list:
+        log: list = []
+        self._logs.append(log)
+        return log
+
+    def stop_logging(self, log: list) -> None:
+        self._logs = [x for x in self._logs if x is not log]
+
+    def _logged(self, node: Node, page: bytes | None) -> None:
+        for log in self._logs:
+            log.append((node, page))
 
     # ---------------------------------------------------------------- lookups (peeks: PrefixTree's)
     def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
@@ -129,6 +144,8 @@ class RadixCache(PrefixTree):
         if not parent.children and parent is not self.root:
             self._drop_leaf(parent)
         node, start = parent, pos
+        if self._logs:
+            self._logged(parent, key[pos:pos + pb])
         for cut, kind, seg in pieces:
             end = cut * TOKEN_BYTES
             child = Node(self._next_id, node, key[start:end], node.depth + (end - start) // TOKEN_BYTES, now,
@@ -157,6 +174,8 @@ class RadixCache(PrefixTree):
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
         parent.children[child.key[:self._pb]] = upper
+        if self._logs:
+            self._logged(parent, child.key[:self._pb])
         child.key = child.key[cut:]
         child.length -= m
         child.parent = upper
@@ -248,6 +267,9 @@ class RadixCache(PrefixTree):
             parent = node.parent
             del parent.children[node.key[:pb]]
             node.parent = None  # out of the tree: its heap entries are stale
+            if self._logs:
+                self._logged(parent, node.key[:pb])
+                self._logged(node, None)
             self._drop_leaf(node)
             self.resident.remove(node.kind, node.seg_id)
             freed += node.length

@@ -20,7 +20,6 @@ from prism.settings import RunSpec
 from prism.traces.stats import infinite_cache_hit_rate
 
 from prism.sim.client import Client
-from prism.sim.cluster import RouterProcess
 from prism.sim.engine import Seq
 from prism.sim.events import EngineEvents
 from prism.sim.instance import Instance
@@ -86,6 +85,8 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
     instances = [Instance(i, run.env, spec, run.finisher(i if routed else None),
                           policy is not None and policy.reads_queued_prefill, events)
                  for i in range(spec.cluster.instances)]
+    if policy is not None:
+        from prism.sim.cluster import RouterProcess  # only a routed run imports the router's process
     entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
     run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit())
@@ -142,13 +143,23 @@ class Replay:
 
     def result(self, counters: Mapping[str, int], kv_capacity_tokens: int, complete: bool,
                **extra: Any) -> SimResult:
-        served = self.served
         summary = run_summary(
             self.spec, self.records, engine_kind="sim", kv_capacity_tokens=kv_capacity_tokens, counters=counters,
-            served_infinite_cache_hit_rate=(infinite_cache_hit_rate(sorted(served, key=attrgetter("arrival", "id")))
-                                            if served is not None else None),
+            served_infinite_cache_hit_rate=self._served_rate(),
             wall_s=time.perf_counter() - self.wall0, complete=complete, **extra)
         return SimResult(self.records, summary, summary["counters"])
+
+    def _served_rate(self) -> float | None:
+        """The served-order reference (None: not asked for). Where the run admitted every request in the
+        trace's order with the trace's own prompts (FCFS without realignment), it is the trace's, computed once."""
+        if self.served is None:
+            return None
+        served = sorted(self.served, key=attrgetter("arrival", "id"))
+        trace = self.spec.trace.requests
+        if len(served) == len(trace) and all(a.id == b.id and a.segments is b.segments and b.model is None
+                                             for a, b in zip(served, trace)):
+            return self.spec.trace.infinite_cache_hit_rate()
+        return infinite_cache_hit_rate(served)
 
     def run(self, result: Callable[[bool], SimResult]) -> SimResult:
         """Simulate to the last finish. Ctrl-C raises :class:`SimInterrupted` with ``result(False)``, the

@@ -102,3 +102,43 @@ def test_fcfs_hands_back_the_queue_itself():
     queue = [W(i, float(5 - i), ["a"]) for i in range(5)]
     plan = FCFS().plan(queue, SchedContext(0.0, RadixCache(None)))
     assert plan.order is queue and [r.id for r in plan.order] == list(range(5))
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 4), capacity=st.sampled_from([None, 6000, 20000]), qps=st.sampled_from([40, 120, 400]),
+       seed=st.integers(0, 50), admission=st.sampled_from(["sglang", "full"]))
+def test_klpm_kept_queue_serves_as_the_definition(k, capacity, qps, seed, admission):
+    """k-LPM's rounds from the queue it keeps (matches kept current from the cache's changes) give the
+    definition's orders, which match every waiting request afresh: whole runs serve alike (records and
+    counters), past the knee and under eviction and retraction (a small pool with SGLang's admission)."""
+    from prism.calibration.cost_model import load_profile
+    from prism.settings import EngineConfig, RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    trace = load_trace("zipf", {"num_requests": 150, "qps": qps, "seed": seed})
+    engine = EngineConfig(max_total_tokens=capacity, admission=admission)
+    spec = RunSpec.build(trace, "klpm", "lru", engine=engine, knobs={"klpm": {"k": k}}, profile=load_profile())
+    rounds = []
+    plan = KLPM.plan
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(KLPM, "plan", lambda self, w, ctx: (rounds.append(len(w)), plan(self, w, ctx))[1])
+        kept = simulate(spec)
+        mp.setattr(KLPM, "plan", KLPM.plan_reference)
+        reference = simulate(spec)
+    assert kept.records == reference.records and kept.counters == reference.counters
+    assert max(rounds) > 1
+
+
+def test_klpm_rebuilds_its_queue_when_it_is_not_the_expected_one():
+    """A queue that is not the last order minus the admitted head (requests taken out of order, or gone) is
+    ranked afresh: the same order as the definition's."""
+    waiting, ctx = queue_and_cache([(0, ["x"]), (1, ["a"]), (2, ["a"]), (3, ["y"]), (4, ["a", "b"])], [["a"]])
+    kept, ref = KLPM(KLPMConfig(k=2)), KLPM(KLPMConfig(k=2))
+    for queue, admitted in ((waiting, waiting[3:4]), (waiting[1:], waiting[1:2]), (waiting[2:], [])):
+        got = kept.plan(queue, ctx)
+        assert [r.id for r in got.order] == [r.id for r in ref.plan_reference(queue, ctx).order]
+        assert dict(got.lanes) == dict(ref.plan_reference(queue, ctx).lanes)
+        kept.on_dispatch(admitted, ctx)
+        ref.on_dispatch(admitted, ctx)
+        ctx.cache.insert(W(-2, 0.0, ["b"]).key, 1.0)

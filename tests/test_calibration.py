@@ -273,3 +273,16 @@ def test_bad_profiles_one_line(tmp_path, capsys):
     bad.write_text("gpu: a800-80g\n")
     assert sim_main(["--trace", "zipf", "--profile", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "needs 'gpu' and 'model'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpus.yaml", "models.yaml", "efficiency.yaml"])
+def test_packaged_tables_read_alike_by_the_fast_and_the_strict_loader(name):
+    """The packaged tables are read at start-up by libyaml's parser (``parse_packaged_yaml``); each holds to the
+    strict loader's rules (no key twice, no bad value) and gives the same data, numbers of the same types."""
+    from prism.config import parse_packaged_yaml, parse_yaml
+
+    text = profiles.table_text(name)
+    strict, fast = parse_yaml(text, name), parse_packaged_yaml(text)
+    assert fast == strict and repr(fast) == repr(strict)  # repr: 1e-3 read as the float both ways, not a string
+    assert parse_packaged_yaml("a: 1e-3\nb: 2E5\nc: -.5\n") == parse_yaml("a: 1e-3\nb: 2E5\nc: -.5\n", "t") \
+        == {"a": 0.001, "b": 200000.0, "c": -0.5}

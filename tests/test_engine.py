@@ -184,6 +184,31 @@ def test_served_infinite_cache_is_a_ceiling(trace, profile, sched, evict):
     assert s["hit_rate"] > 0.95 * s["served_infinite_cache_hit_rate"]  # unbounded: only same-batch misses
 
 
+@pytest.mark.parametrize("capacity", [None, 32768])
+def test_a_run_in_trace_order_reuses_the_traces_reference(trace, profile, monkeypatch, capacity):
+    """FCFS admits the trace's prompts in the trace's order, unmoved: its served-order reference is the trace's,
+    taken from it rather than computed again, exactly as a computation over the served prompts gives it (an
+    interrupted run, and an order that differs, compute it)."""
+    from prism.sim import run as run_mod
+
+    spec = RunSpec.build(trace, "fcfs", "lru", engine=EngineConfig(max_total_tokens=capacity), profile=profile)
+    computed = []
+    real = run_mod.infinite_cache_hit_rate
+    monkeypatch.setattr(run_mod, "infinite_cache_hit_rate", lambda rs: (computed.append(len(rs)), real(rs))[1])
+    shortcut = simulate(spec, served_reference=True).summary["served_infinite_cache_hit_rate"]
+    assert computed == []
+    served = []
+    monkeypatch.setattr(run_mod.Replay, "_served_rate",
+                        lambda self: served.append(sorted(self.served, key=lambda r: (r.arrival, r.id))) or 0.0)
+    simulate(spec, served_reference=True)
+    assert shortcut == real(served[0])
+    monkeypatch.undo()
+    lpm = RunSpec.build(trace, "lpm", "lru", engine=EngineConfig(max_total_tokens=capacity), profile=profile)
+    monkeypatch.setattr(run_mod, "infinite_cache_hit_rate", lambda rs: (computed.append(len(rs)), real(rs))[1])
+    simulate(lpm, served_reference=True)
+    assert computed == [len(trace.requests)]
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_is_paused_during_a_run_and_restored_after_it_even_on_ctrl_c(profile, enabled):
     import gc

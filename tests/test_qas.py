@@ -130,9 +130,9 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
        engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
        finish=st.lists(st.booleans(), min_size=100, max_size=100),
        mode=st.sampled_from(["in-engine", "arrivals", "backlog"]),
-       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans())
+       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans(), budget=st.floats(0, 6))
 def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
-                                              mode, clock, buckets):
+                                              mode, clock, buckets, budget):
     """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
     re-planning a backlog, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
     published priorities and the segments whose priority fell, round after round. The queue is kept either
@@ -140,10 +140,14 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
     arrival times either grow with the id or come in any order. Admitted requests join a(r) as an engine's do
     (``hints.admit``) and some finish between rounds (``hints.release``): the compiled a(r), kept from the
     changes, must be what the definition reads afresh from ``hints.active`` each round. With ``buckets`` off
-    both keep one bucket of the whole queue."""
+    both keep one bucket of the whole queue.
+
+    The kernels run interpreted for the first rounds (a ``budget`` of them; 0: compiled from the first), as a
+    short simulation runs them, and compiled from then on: the definition holds whichever ran."""
     cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if mode == "in-engine" else 0.05,
                     max_wait_s=1.5, buckets=buckets, front_end="arrivals" if mode == "arrivals" else "backlog")
     fast, plain = CompiledQAS(cfg), QAS(cfg)
+    fast.interpret_budget = budget
     hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
     waiting: list[Req] = []
     running: list[Req] = []
@@ -269,3 +273,39 @@ def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypa
     assert compiled.counters["front_alignment_moves"] > 50 and compiled.counters["evicted_nodes"] > 0
     if window_s and front_end == "backlog":
         assert compiled.counters["frontend_held"] > 50 and compiled.counters["frontend_windows"] > 5
+
+
+def test_a_short_run_interprets_its_rounds_then_compiles_and_serves_alike(monkeypatch):
+    """The registry's QAS interprets the kernels for a short trace and compiles them once its rounds have cost
+    about what loading the compiled ones does; a run that switches midway, one interpreted throughout and one
+    compiled from the first round serve alike (records and counters), in the engine and behind a front end."""
+    from prism.calibration.cost_model import load_profile
+    from prism.policies import qas_compiled, qas_round
+    from prism.settings import EngineConfig, RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    trace = load_trace("zipf", {"num_requests": 300, "qps": 70})
+    engine = EngineConfig(max_total_tokens=32768)
+    calls = Counter()
+    for name in ("plan_round", "dispatch"):
+        for kind, ns in (("interpreted", qas_round.INTERPRETED), ("compiled", qas_round.compiled())):
+            fn = getattr(ns, name)
+            monkeypatch.setattr(ns, name, lambda *a, _fn=fn, _k=kind: (calls.update([_k]), _fn(*a))[1])
+
+    def run(window_s, budget):
+        monkeypatch.setattr(qas_compiled, "INTERPRET_BUDGET", budget)
+        calls.clear()
+        res = simulate(RunSpec.build(trace, "qas", "dart", engine=engine, knobs={"qas": {"window_s": window_s}},
+                                     profile=load_profile()))
+        return res, dict(calls)
+
+    for window_s in (0.0, 0.05):
+        compiled, used = run(window_s, 0)
+        assert used.get("interpreted", 0) == 0 and used["compiled"] > 0
+        interpreted, used = run(window_s, 10**9)
+        assert used.get("compiled", 0) == 0 and used["interpreted"] > 0
+        switched, used = run(window_s, 40)
+        assert used["interpreted"] > 0 and used["compiled"] > 0
+        for res in (interpreted, switched):
+            assert res.records == compiled.records and res.counters == compiled.counters

@@ -259,3 +259,66 @@ def test_new_nodes_follow_the_anchor_rule(lengths, page, span, anchors):
 
     cuts = sorted({e - e % page for e, _, _ in layout if start < e - e % page < end}) if anchors else []
     assert pieces(layout, start, end, page, anchors) == [(c, *holder(c)) for c in [*cuts, end]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(queued=st.lists(seqs, min_size=1, max_size=12), ops=ops, page=st.sampled_from([1, 2, 4]),
+       capacity=st.integers(8, 80), anchors=st.booleans(), requeue=st.lists(st.booleans(), min_size=60,
+                                                                           max_size=60))
+def test_kept_matches_equal_fresh_peeks_while_the_tree_changes(queued, ops, page, capacity, anchors, requeue):
+    """Waiting requests' matches kept current from the tree's change log (``MatchMemo``: walked again only
+    when a slot or node they watch changed) equal fresh peeks after every insert, split (admission's match),
+    lock, unlock and eviction; a request added again with a new prompt is matched on it; a round without
+    changes walks nothing; forgotten requests are dropped and their watches ignored."""
+    from prism.policies.match_memo import MatchMemo
+
+    cache = RadixCache(capacity, page, anchors=anchors)
+    memo = MatchMemo(cache)
+    keys = {i: key(s) for i, s in enumerate(queued)}
+    for i, k in keys.items():
+        memo.add(i, k)
+    locked, clock, walks = [], 0.0, 0
+    peek = cache.peek
+
+    def counted(k):
+        nonlocal walks
+        walks += 1
+        return peek(k)
+
+    cache.peek = counted
+    for step, (op, seq, n) in enumerate(ops):
+        clock += 1.0
+        k = key(seq)
+        if op == "insert":
+            cache.insert(k, clock, [(len(seq) // 2, "reuse", "a"), (len(seq), "priv", "b")])
+            over = cache.size - capacity
+            if over > 0:
+                cache.evict(over, lambda nd: (nd.last_access_time,))
+        elif op in ("match", "lock"):
+            _, node = cache.match(k, clock)
+            if op == "lock" and node is not cache.root:
+                cache.lock(node)
+                locked.append(node)
+        elif op == "unlock" and locked:
+            cache.unlock(locked.pop(n % len(locked)))
+        elif op == "evict":
+            cache.evict(n, lambda nd: (nd.last_access_time,))
+        old = dict(memo.hits)
+        changed = memo.refresh()
+        assert changed == {i: h for i, h in old.items() if memo.hits[i] != h}
+        rid = n % len(queued)
+        if requeue[step]:  # the request comes back with another prompt (the next one's)
+            keys[rid] = keys[(rid + 1) % len(queued)]
+            memo.add(rid, keys[rid])
+        for i, kk in keys.items():
+            assert memo.hits[i] == cache.match_len(kk)
+    before = walks
+    assert memo.refresh() == {} and walks == before  # nothing changed since: no walk
+    memo.forget(list(keys)[1:])
+    cache.insert(key([9] * 8), clock + 1)
+    cache.evict(cache.size, lambda nd: (nd.last_access_time,))
+    memo.refresh()
+    assert list(memo.hits) == [0] and memo.hits[0] == cache.match_len(keys[0])
+    assert memo.watches() <= 2  # the forgotten requests' watches went with them
+    memo.close()
+    assert not cache._logs

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from prism.cli.sim import main as sim_main
 from prism.errors import UserError
-from prism.metrics import csv_float
+from prism.metrics import RecordStream, RequestRecord, csv_float, write_requests_csv
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text
 from processes import alive, as_from_a_terminal, descendants
 
@@ -157,13 +157,13 @@ def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
     from prism.settings import merge_flags, settings_from
     from prism.sim import run as sim_run
 
-    reference = sim_run.infinite_cache_hit_rate
+    reference = sim_run.Replay._served_rate
 
-    def interrupted_reference(requests):
+    def interrupted_reference(self):
         os.kill(os.getpid(), signal.SIGINT)
-        return reference(requests)
+        return reference(self)
 
-    monkeypatch.setattr(sim_run, "infinite_cache_hit_rate", interrupted_reference)
+    monkeypatch.setattr(sim_run.Replay, "_served_rate", interrupted_reference)
     spec = settings_from(merge_flags({}, ["trace.num_requests=30"], method="fcfs"), "test").resolve("zipf")
     with pytest.raises(KeyboardInterrupt) as e:  # caught as such: a bare one would end the test session
         sim_run.simulate(spec, served_reference=True)
@@ -541,3 +541,31 @@ def test_an_unreachable_live_server_is_one_line_at_once(tmp_path, capsys, comman
     assert "error: --url: " in err and why.format(port=port) in err, err
     assert time.monotonic() - t0 < 60  # the start-up timeout is 300 s
     assert not out.exists()
+
+
+_names = st.text(alphabet=st.sampled_from(list("ab,\"é\n 0+")), max_size=6)
+_record = st.builds(RequestRecord, id=st.integers(0, 10**6), arrival=st.floats(-1, 1e7, allow_nan=False),
+                    sent=st.floats(0, 1e3), prefill_start=st.floats(0, 1e-3), prefill_end=st.floats(0, 1e3),
+                    first_token=st.floats(0, 1e3), finish=st.floats(0, 1e3), prompt_tokens=st.integers(0, 9999),
+                    hit_tokens=st.integers(0, 9999), output_tokens=st.integers(1, 99),
+                    lane=st.sampled_from(["", "hot", "cold"]), realigned=st.booleans(),
+                    instance=st.none() | st.integers(0, 7), model=st.none() | _names, gpu=st.none() | _names)
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(_record, max_size=40), every=st.integers(1, 9), cluster=st.booleans(), fleet=st.booleans(),
+       lose=st.booleans())
+def test_a_streamed_requests_csv_is_put_in_order_as_if_written_whole(tmp_path_factory, records, every, cluster,
+                                                                     fleet, lose):
+    """The stream formats each row once and reorders its own text at the end: the file is byte for byte what
+    :func:`write_requests_csv` writes from the records (ids repeated or not, names with commas, quotes, line
+    breaks and accents); a record the stream never saw (``lose``: Ctrl-C between finishing and streaming) is
+    formatted again."""
+    d = tmp_path_factory.mktemp("stream")
+    stream = RecordStream(d / "requests.csv", flush_every=every, cluster=cluster, fleet=fleet)
+    for r in records[:-1] if lose and records else records:
+        stream(r)
+    stream.finish(records)
+    write_requests_csv(records, d / "whole.csv", cluster=cluster, fleet=fleet)
+    assert (d / "requests.csv").read_bytes() == (d / "whole.csv").read_bytes()
+    assert sorted(p.name for p in d.iterdir()) == ["requests.csv", "whole.csv"]

@@ -32,7 +32,7 @@ def probe(method: str, cwd) -> list:
 
 
 def test_a_plain_run_imports_no_heavy_module(tmp_path):
-    for method in ("fcfs", "sglang"):
+    for method in ("fcfs", "sglang", "prism"):  # prism: a short run interprets QAS's kernels
         code, after_import, after_run, after_plots = probe(method, tmp_path)
         assert code == 0
         assert after_import == [] and after_run == [], method

@@ -1,0 +1,121 @@
+"""Whole-process wall time and peak RSS of ``prism-sim`` on two checkouts, side by side: this one and an older
+commit's (issue 31's targets are ratios to 508aed3 on the shared prefix workload).
+
+    python benchmarks/bench_vs_base.py --base-python /work/venv-base/bin/python [--repeat 3]
+        [--cases 20480:gpu:fcfs,20480:gpu:prism,...] [--trace traces/prefix20.yaml]
+        [--profile h100-sxm-80g:llama-3.1-8b] [--qps 50]
+
+A case is ``REQUESTS:POOL:METHOD`` (POOL ``gpu``: the profile's GPU-sized pool, ``engine.max_total_tokens=null``;
+a number: that many tokens). Each process runs the interpreter's ``prism.cli.sim`` as the console script does,
+from an empty temporary folder (no checkout's folder shadows its installed package) with ``--no-progress``; the
+time is the parent's, launch to exit, interpreter start and imports included; the peak RSS is the child's own
+(``wait4``). Both sides read the same trace spec file (this checkout's). Every repeat runs each case on both
+sides in turn, the side that goes first alternating, so that a slow spell on a shared machine hits both alike.
+Printed per case: the median and the fastest of each side, the ratio new/old of the medians (and of the
+fastest), the target where the issue sets one, the peak RSS of each side, and each side's median over its own
+fcfs median of the same size and pool where the cases include it (issue 31: every method within 1.5x fcfs on
+zipf: ``--trace zipf --profile ''``). ``--json`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+#: issue 31's targets (new/old of whole-process time) on prefix20, H100/Llama-3.1-8B
+TARGETS = {**{(20480, pool, m): 0.75 for pool in ("gpu", "32768") for m in ("fcfs", "sglang", "dfs_weight")},
+           **{(20480, pool, "prism"): 0.58 for pool in ("gpu", "32768")},
+           (204800, "gpu", "fcfs"): 0.85, (204800, "gpu", "sglang"): 0.85, (204800, "gpu", "prism"): 0.78,
+           (2048, "gpu", "fcfs"): 0.68, (2048, "gpu", "prism"): 0.30}
+DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204800)
+
+
+def run_once(python: str, argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())",
+                                 *argv, "--out", f"{tmp}/run"], cwd=tmp, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"{python} {' '.join(argv)}: exit {proc.returncode}: {err.strip()[-800:]}")
+        return wall, usage.ru_maxrss / 1024
+
+
+def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[str]:
+    n, pool, method = case.split(":")
+    argv = ["--trace", trace, *(["--profile", profile] if profile else []), "--method", method, "--no-progress",
+            "--set", f"trace.num_requests={int(n)}",
+            "--set", f"engine.max_total_tokens={'null' if pool == 'gpu' else int(pool)}"]
+    return argv + (["--qps", str(qps)] if qps is not None else [])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-python", required=True, help="the older checkout's interpreter (its venv's python)")
+    p.add_argument("--new-python", default=sys.executable, help="this checkout's interpreter (default: this one)")
+    p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated REQUESTS:POOL:METHOD (see above)")
+    p.add_argument("--repeat", type=int, default=3, help="processes per case and side (median and fastest)")
+    p.add_argument("--trace", default=str(HERE / "traces" / "prefix20.yaml"),
+                   help="trace spec both sides run (a path, or a built-in spec's name)")
+    p.add_argument("--profile", default="h100-sxm-80g:llama-3.1-8b", help="GPU:MODEL profile ('': the default)")
+    p.add_argument("--qps", type=float, help="arrival rate (default: the spec's)")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args()
+    sides = {"old": args.base_python, "new": args.new_python}
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}
+    rss: dict[tuple[str, str], float] = {}
+    for rep in range(args.repeat):
+        for i, case in enumerate(cases):
+            trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
+            argv = case_argv(case, trace, args.profile, args.qps)
+            order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
+            for side in order:
+                wall, peak = run_once(sides[side], argv)
+                walls[case, side].append(wall)
+                rss[case, side] = max(rss.get((case, side), 0.0), peak)
+            print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} s, "
+                  f"new {walls[case, 'new'][-1]:.2f} s", file=sys.stderr, flush=True)
+    print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}")
+    print(f"{'case':24s} {'old_med':>8s} {'new_med':>8s} {'ratio':>6s} {'old_min':>8s} {'new_min':>8s} "
+          f"{'r_min':>6s} {'target':>6s} {'old_rss':>8s} {'new_rss':>8s} {'old/fcfs':>8s} {'new/fcfs':>8s}")
+    rows = []
+    for case in cases:
+        o, n = walls[case, "old"], walls[case, "new"]
+        size, pool, method = case.split(":")
+        target = TARGETS.get((int(size), pool, method)) if Path(args.trace).name == "prefix20.yaml" else None
+        row = {"case": case, "old_median_s": statistics.median(o), "new_median_s": statistics.median(n),
+               "old_min_s": min(o), "new_min_s": min(n), "old_rss_mib": rss[case, "old"],
+               "new_rss_mib": rss[case, "new"], "target": target, "old_s": o, "new_s": n}
+        row["ratio"] = row["new_median_s"] / row["old_median_s"]
+        row["ratio_min"] = row["new_min_s"] / row["old_min_s"]
+        rows.append(row)
+        fcfs = f"{size}:{pool}:fcfs"  # each side against its own fcfs run of the same size and pool (medians)
+        vs = {side: statistics.median(walls[case, side]) / statistics.median(walls[fcfs, side])
+              for side in sides} if fcfs in cases else {}
+        row.update({f"{side}_vs_fcfs": v for side, v in vs.items()})
+        print(f"{case:24s} {row['old_median_s']:8.2f} {row['new_median_s']:8.2f} {row['ratio']:6.2f} "
+              f"{row['old_min_s']:8.2f} {row['new_min_s']:8.2f} {row['ratio_min']:6.2f} "
+              f"{'' if target is None else f'{target:.2f}':>6s} {row['old_rss_mib']:7.0f}M {row['new_rss_mib']:7.0f}M "
+              f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
