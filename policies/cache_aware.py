@@ -28,9 +28,12 @@ uses the launcher's, and so do we).
 Choices where the router is not exact about its own behaviour or works on other units:
 
 * prompts are token ids, so match rates and tree sizes count tokens, not characters;
-* several workers with the same longest match: the router takes whichever its concurrent map yields first; we
-  take the least loaded of them; ties of load (there and below the threshold) go to the first after the previous
-  choice (rotating), which is deterministic and does not pile ties onto worker 0;
+* ties of load (below the threshold, and when imbalanced) go to the first worker, as Rust's ``min_by_key`` does
+  (the first of equal minima): 0.3.2 sent six unrelated requests in a row, each finished before the next, all to
+  one worker (``tests/live/test_live_router.py``); which one is the router's own worker order (not the ports'),
+  here always instance 0, so live and simulated placements compare up to a renaming of the instances; several
+  workers with the same longest match: the router takes whichever tenant its tree node holds; we take the least
+  loaded of them, then the first;
 * the load is the instance's outstanding requests (running + queued) as the cluster's view reports them,
   which the router tracks itself (incremented on routing, decremented on completion).
 
@@ -45,7 +48,7 @@ from typing import Sequence
 from prism.config import fraction, nonneg, positive
 from prism.policies.approx_tree import ApproxTree
 from prism.policies.base import WaitingRequest
-from prism.policies.routing import InstanceView, Router, argmin_from, outstanding
+from prism.policies.routing import InstanceView, Router, outstanding
 
 
 @dataclass
@@ -55,6 +58,11 @@ class CacheAwareConfig:
     balance_rel_threshold: float = positive(1.5, "... max load exceeds this times min load")
     eviction_interval_s: float = positive(60.0, "seconds between evictions of the approximate trees")
     max_tree_size: int = positive(2 ** 26, "tokens each approximate tree keeps after an eviction")
+
+
+def _first_min(scores: Sequence[float]) -> int:
+    """The first index of the smallest score (Rust's ``min_by_key``)."""
+    return min(range(len(scores)), key=scores.__getitem__)
 
 
 def imbalanced(loads: Sequence[int], cfg: CacheAwareConfig) -> bool:
@@ -71,7 +79,6 @@ class CacheAware(Router):
         super().__init__()
         self.cfg = cfg or CacheAwareConfig()
         self.trees: list[ApproxTree] = []
-        self.last = -1
         self.next_eviction = self.cfg.eviction_interval_s
 
     def route(self, request: WaitingRequest, views: Sequence[InstanceView], now: float) -> int:
@@ -85,18 +92,17 @@ class CacheAware(Router):
         loads = [outstanding(v) for v in views]
         key = request.key
         if imbalanced(loads, cfg):
-            choice = argmin_from(loads, self.last + 1)
+            choice = _first_min(loads)
             self.count("route_balance")
         else:
             matched = [t.match_len(key) for t in self.trees]
             best = max(matched)
             if request.prompt_len and best / request.prompt_len > cfg.cache_threshold:
                 tied = [i for i in range(n) if matched[i] == best]
-                choice = argmin_from([loads[i] if i in tied else float("inf") for i in range(n)], self.last + 1)
+                choice = _first_min([loads[i] if i in tied else float("inf") for i in range(n)])
                 self.count("route_cache_hit")
             else:  # 0.3.2: the least loaded worker (not the smallest tree)
-                choice = argmin_from(loads, self.last + 1)
+                choice = _first_min(loads)
                 self.count("route_cache_miss")
         self.trees[choice].insert(key, now)
-        self.last = choice
         return choice
