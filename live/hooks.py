@@ -210,6 +210,7 @@ class LiveState:
         self.plugin_s = 0.0  # CPU time in prism's hooks (plans, realignment, admission, protection set, anchors)
         self.scheduler_s = 0.0  # SGLang's scheduling around the forward (batch selection, result handling)
         self.outside_s = 0.0  # the part of plugin_s spent outside those spans (request intake)
+        self.scheduler_busy_s = 0.0  # scheduler_s of the loop iterations that ran a batch
 
     # ---------------------------------------------------------------- engine state
     def context(self) -> SchedContext:
@@ -249,7 +250,7 @@ class LiveState:
         belongs to no run."""
         self.counters.clear()
         self.plan = None
-        self.plugin_s = self.scheduler_s = self.outside_s = 0.0
+        self.plugin_s = self.scheduler_s = self.outside_s = self.scheduler_busy_s = 0.0
         self.plugin_parts.clear()
         if self.cache is not None:
             self.cache.plugin_s = 0.0
@@ -357,6 +358,11 @@ class LiveState:
         out["scheduler_cpu_ms"] = round(self.scheduler_s * 1e3, 3)
         own = self.scheduler_s - (plugin_s - self.outside_s)  # prism's time inside SGLang's spans comes off
         out["plugin_overhead"] = round(plugin_s / own, 5) if own > 0 else 0.0
+        # the same over the iterations that ran a batch only: the idle loop's polls (no prism work, their number
+        # set by how long the machine lets the loop spin) left out of SGLang's side
+        out["scheduler_busy_cpu_ms"] = round(self.scheduler_busy_s * 1e3, 3)
+        busy = self.scheduler_busy_s - (plugin_s - self.outside_s)
+        out["plugin_overhead_busy"] = round(plugin_s / busy, 5) if busy > 0 else 0.0
         if self.counters["chat_sglang_us"]:  # the chat path: the rule's CPU time against SGLang's conversion
             out["chat_overhead"] = round(self.counters["chat_layout_us"] / self.counters["chat_sglang_us"], 5)
         out["scheduler"], out["eviction"] = self.config.scheduler, self.config.eviction
@@ -399,12 +405,17 @@ def around_next_batch(orig, sched, *args, **kwargs):
     st.sched = sched
     st.iteration_start = time.monotonic()
     t0 = time.perf_counter()
+    plan = None
     try:
         if st.front is not None and st.front.due(st.iteration_start):
             _release_windows(st, sched)
-        return orig(sched, *args, **kwargs)
+        plan = orig(sched, *args, **kwargs)
+        return plan
     finally:
-        st.scheduler_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        st.scheduler_s += dt
+        if getattr(plan, "batch_to_run", plan) is not None:  # an iteration that runs a batch (not an idle poll)
+            st.scheduler_busy_s += dt
 
 
 def around_process_result(orig, sched, *args, **kwargs):
@@ -413,7 +424,9 @@ def around_process_result(orig, sched, *args, **kwargs):
     try:
         return orig(sched, *args, **kwargs)
     finally:
-        st.scheduler_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        st.scheduler_s += dt
+        st.scheduler_busy_s += dt
 
 
 def around_add_to_queue(orig, sched, req, *args, **kwargs):
@@ -465,30 +478,41 @@ def _hold(st: LiveState, req, retracted: bool) -> bool:
 def _release_windows(st: LiveState, sched) -> None:
     enqueue = st.enqueue
     idle = bool(getattr(sched, "_sched_idled", False))  # the last loop iteration ran no batch
-    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle)
+    spent = 0.0
+
+    def put(req) -> None:  # SGLang's own intake of a released request: its scheduling time, not prism's
+        nonlocal spent
+        t0 = time.perf_counter()
+        enqueue(sched, req)
+        spent += time.perf_counter() - t0
+
+    st.front.release(st.iteration_start, st.cache, put, idle)
+    st.plugin_s -= spent  # the wrapper adds the whole call's time
+    st.plugin_parts["_release_windows"] -= spent
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
     st = state()
     st.counters[SCHEDULING_ROUNDS] += 1
-    if st.native:  # SGLang's own LPM, FCFS or DFS-weight orders the queue
+    if st.native or not _plan(st, waiting_queue):  # SGLang's own LPM, FCFS or DFS-weight orders the queue
         return orig(policy, waiting_queue, *args, **kwargs)
-    now = time.monotonic()
-    views, others = [], []
-    for req in waiting_queue:
-        seq = LiveSeq.of(req, now)
-        (views if seq is not None else others).append(seq if seq is not None else req)
-    if not views:
-        return orig(policy, waiting_queue, *args, **kwargs)
-    return _plan(st, views, others, waiting_queue)
+    return None
 
 
 @_plugin_time
-def _plan(st: LiveState, views, others, waiting_queue) -> None:
+def _plan(st: LiveState, waiting_queue) -> bool:
+    """The prism scheduler's order of the waiting queue, written back in place (False: no request of ours)."""
+    now = time.monotonic()
+    views, others = [], []
+    for req in waiting_queue:  # a request's view is made on first sight (its segments from custom params)
+        seq = LiveSeq.of(req, now)
+        (views if seq is not None else others).append(seq if seq is not None else req)
+    if not views:
+        return False
     plan = st.scheduler.plan(views, st.context())
     st.plan = plan
     waiting_queue[:] = [s.req for s in plan.order] + others
-    return None
+    return True
 
 
 @_plugin_time

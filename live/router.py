@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request

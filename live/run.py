@@ -180,7 +180,8 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
                     return f"instance {server.index}: {why}" if routed else why
             return front.dead() if front is not None else None
 
-        replay(front.url if front is not None else servers[0].url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
+        target = front.url if front is not None else servers[0].url
+        replay(target, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
                max_concurrency=spec.engine.max_concurrency, alive=alive, start=t_start,
                admission=spec.engine.admission, eos_ids=model.eos_ids, dispatch=dispatch)
         complete = True
@@ -237,6 +238,8 @@ def _sum_counters(counters: list[dict | None]) -> dict[str, float]:
                 total[k] = round(total.get(k, 0) + v, 6) if len(counters) > 1 else v
     if len(counters) > 1 and total.get("scheduler_cpu_ms"):
         total["plugin_overhead"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_cpu_ms"], 5)
+        if total.get("scheduler_busy_cpu_ms"):
+            total["plugin_overhead_busy"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_busy_cpu_ms"], 5)
     return total
 
 

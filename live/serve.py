@@ -30,9 +30,11 @@ from prism.live.model import ServedModel
 from prism.live.server import Server, admission_env, wait_healthy
 
 #: SGLang arguments that prism sets from its own flags (after ``--`` they would contradict the plugin)
-OWN_ARGS = {"--model-path": "--model", "--model": "--model", "--port": "--port", "--host": "--host",
+OWN_ARGS = {"--model-path": "--model", "--model": "--model",
             "--radix-cache-backend": "the method (prism's cache backend)", "--schedule-policy": "the method",
             "--device": "--device"}
+#: SGLang arguments that may come after ``--`` instead of prism's flag of the same name
+SHARED_ARGS = ("--port", "--host")
 #: EngineConfig field -> SGLang server argument (passed when the settings give the field)
 ENGINE_ARGS = {"max_total_tokens": "--max-total-tokens", "page_size": "--page-size",
                "chunked_prefill_size": "--chunked-prefill-size", "max_prefill_tokens": "--max-prefill-tokens",
@@ -60,6 +62,28 @@ def _given(args: list[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def take_shared(opts: "ServeOptions", given: dict[str, str | None]) -> None:
+    """``--port``/``--host`` after ``--`` (as for ``python -m sglang.launch_server``) are the server's; given both
+    ways they must agree. ``given``: prism's own flags as the command line gave them (None: left out)."""
+    rest = list(opts.sglang_args)
+    for flag in SHARED_ARGS:
+        value = _given(rest, flag)
+        if value is None:
+            continue
+        i = next(i for i, a in enumerate(rest) if a == flag or a.startswith(flag + "="))
+        del rest[i:i + (1 if "=" in rest[i] else 2)]
+        own = given.get(flag)
+        if own is not None and own != value:
+            raise UserError(f"{flag} {own} and {flag} {value} after -- disagree (give one)", flag)
+        if flag == "--port":
+            if not value.isdigit() or not 0 < int(value) < 65536:
+                raise UserError(f"expected a port in 1..65535 after --, got {value!r}", flag)
+            opts.port = int(value)
+        else:
+            opts.host = value
+    opts.sglang_args = rest
 
 
 def check_port(host: str, port: int) -> None:

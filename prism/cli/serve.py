@@ -11,7 +11,7 @@ from prism.policies.registry import METHODS
 
 EPILOG = """\
 examples:
-  prism-live serve --model ./my-model --method prism -- --tp 1
+  prism-live serve --model ./my-model --method prism -- --port 30000 --tp 1
   prism-live serve --model ./my-model --method prism --port 30000 -- --enable-metrics
   prism-live serve --model tiny --device cpu --method prism --set engine.max_total_tokens=16384 \\
       -- --tokenizer-path ./tokenizer
@@ -22,8 +22,9 @@ inside the server (system prompt, tool schemas, tool results and documents, hist
 /generate requests may carry them in sampling_params.custom_params, and a chat request may list its documents
 in custom_params.prism_segments (with prism_movable: true to let QAS reorder them). The plugin's counters are
 in GET /server_info (internal_states[0].prism) and, with -- --enable-metrics, on /metrics as prism:* gauges.
-Arguments after -- go to python -m sglang.launch_server unchanged; prism sets --model-path, --host, --port,
---schedule-policy and --radix-cache-backend itself. The server stops with this command (Ctrl-C, SIGTERM).
+Arguments after -- go to python -m sglang.launch_server unchanged (--port and --host may be given there or as
+prism's flags); prism sets --model-path, --schedule-policy and --radix-cache-backend itself. The server stops
+with this command (Ctrl-C, SIGTERM).
 """
 
 
@@ -37,8 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="scheduler (instead of a method preset)")
     p.add_argument("--eviction", help="eviction policy (instead of a method preset)")
     add_set_flag(p)
-    p.add_argument("--host", default="127.0.0.1", help="address the server listens on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=30000, help="server port (default 30000)")
+    p.add_argument("--host", help="address the server listens on (default 127.0.0.1; or --host after --)")
+    p.add_argument("--port", type=int, help="server port (default 30000; or --port after --)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the server runs (auto: cuda when nvidia-smi exists)")
     p.add_argument("--out", default="runs/serve", help="folder of the server's log, plugin settings, counters and "
@@ -65,6 +66,9 @@ def settings_of(args: argparse.Namespace):
 def main(argv: list[str]) -> int:
     own, sglang_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
+    given = {"--port": None if args.port is None else str(args.port), "--host": args.host}
+    args.port = 30000 if args.port is None else args.port
+    args.host = args.host or "127.0.0.1"
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {args.port}")
     if not 0 < args.startup_timeout < float("inf"):
@@ -72,11 +76,12 @@ def main(argv: list[str]) -> int:
     settings = settings_of(args)
     from prism.live.instance import device_of
     from prism.live.model import resolve_model
-    from prism.live.serve import ServeOptions, check_serve, command_line, launch, serve, write_plugin
+    from prism.live.serve import ServeOptions, check_serve, command_line, launch, serve, take_shared, write_plugin
 
     model = resolve_model(args.model)
     opts = ServeOptions(host=args.host, port=args.port, device=device_of(args.device), out=Path(args.out),
                         startup_timeout_s=args.startup_timeout, sglang_args=sglang_args)
+    take_shared(opts, given)
     if args.print_command:
         plugin = write_plugin(settings, opts.out)
         print(command_line(*launch(settings, model, opts, plugin)))

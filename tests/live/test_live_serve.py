@@ -16,7 +16,6 @@ server (the chat rule of ``prism.traces.chat``), and QAS and DART work on them. 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -32,6 +31,7 @@ import pytest
 pytest.importorskip("sglang.srt.managers.scheduler")
 
 from prism.cli.live import main as live_main  # noqa: E402
+from test_live_server import _processes_with  # noqa: E402
 
 PORT = 30161
 URL = f"http://127.0.0.1:{PORT}"
@@ -40,20 +40,9 @@ DOCS = [f"Document {i}: " + " ".join(f"the {i}-th archive notes item {j} of its 
         for i in range(6)]
 
 
-def _processes_with(text: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if text.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                    out.append(int(pid))
-            except OSError:
-                continue
-    return out
-
-
 def _post(path: str, body: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(URL + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(URL + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -66,7 +55,8 @@ def _counters() -> dict:
 def _chat(docs: list[str], question: str, max_tokens: int = 4, custom: dict | None = None) -> dict:
     body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "messages": [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": [*({"type": "text", "text": d} for d in docs), {"type": "text", "text": question}]}]}
+        {"role": "user", "content": [*({"type": "text", "text": d} for d in docs),
+                                     {"type": "text", "text": question}]}]}
     if custom:
         body["custom_params"] = custom
     return _post("/v1/chat/completions", body)
