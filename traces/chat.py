@@ -202,12 +202,13 @@ class ChatSegmenter:
         for ids, _ in parts:
             token_starts.append(n)
             n += len(ids)
+        expected = expected if isinstance(expected, list) else list(expected)
         if n == len(expected):
             tokens = np.concatenate([ids for ids, _ in parts]) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
-            if tokens.tolist() == list(expected):
+            if tokens.tolist() == expected:
                 return from_cuts(tokens, token_starts, labels, fixed, unplaced)
         tokens, token_starts = self.tok.tokenize([(text, starts)])[0]
-        if tokens.tolist() != list(expected):
+        if tokens.tolist() != expected:
             return None
         return from_cuts(tokens, token_starts, labels, fixed, unplaced)
 

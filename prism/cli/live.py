@@ -78,7 +78,7 @@ def options(args: argparse.Namespace):
         profiles.model(args.model)  # a model name: known (a folder is checked when the run starts)
     elif not Path(args.model).expanduser().is_dir():
         raise UserError("expected a model folder holding config.json", args.model)
-    real = args.router == REAL_ROUTER
+    real = getattr(args, "router", None) == REAL_ROUTER  # validate has no --router
     if real:  # the run's router is the simulator's model of it; the real one routes
         args.router = "cache_aware"
     return LiveOptions(model=args.model, url=args.url, pace=args.pace is not None, dilation=args.dilation,
