@@ -23,6 +23,10 @@ are encoded one by one and remembered (:meth:`~prism.traces.chat.ChatSegmenter.s
 or a document seen before costs a lookup; their concatenation must equal SGLang's ids, else the whole text is
 encoded as the importer does.
 
+The hook is registered in the launcher only (the process without a multiprocessing parent, where SGLang runs its
+HTTP server by default); with ``--tokenizer-worker-num`` above 1 SGLang serves HTTP from worker processes, which
+this release does not hook (their chat requests arrive unsegmented: ``chat_*`` stays at zero; not checked here).
+
 Each annotated request also carries the CPU time the rule took and SGLang's own conversion time
 (``prism_chat_layout_ms``, ``prism_chat_sglang_ms``); the scheduler's counters sum them (``chat_*`` in
 ``/server_info``), DESIGN §6's overhead budget on the chat path.

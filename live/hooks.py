@@ -218,7 +218,7 @@ class LiveState:
         sched = self.sched
         if sched is not None:
             running = sched.running_batch
-            free = (sched.max_running_requests or 0) - (len(running.reqs) if running is not None else 0)
+            free = (getattr(sched, "max_running_requests", 0) or 0) - (len(running.reqs) if running is not None else 0)
         return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(free, 0))
 
     @_plugin_time
