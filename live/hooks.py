@@ -4,9 +4,11 @@ One :class:`LiveState` per scheduler process holds the policy objects (built by 
 simulator's), their shared :class:`~prism.policies.base.DemandHints`, the radix cache, the pacer and the
 counters. The hooks, in the order of one scheduler iteration:
 
-* ``Scheduler._add_request_to_queue`` (around; front-end deployment only): holds each new arrival in a window
-  (:mod:`prism.live.frontend`), or holding the backlog sends it on at once when SGLang has room and nothing is
-  held; retracted requests pass straight through;
+* ``Scheduler._add_request_to_queue`` (around): a new arrival without segment metadata gets its layout from the
+  run's table by its ``rid`` (requests that came through sglang-router, which drops ``custom_params``); the
+  chat path's and every request's segments are counted; with a front end, the arrival is held in a window
+  (:mod:`prism.live.frontend`), or holding the backlog it is sent on at once when SGLang has room and nothing
+  is held; retracted requests pass straight through;
 * ``Scheduler.get_next_batch_to_run`` (around): notes when the loop iteration started (the pacing anchor
   after an idle spell) and the scheduler object, and releases the front end's windows that have closed;
 * ``SchedulePolicy.calc_priority`` (around): counts the round; for prism's schedulers (SGLang's own
@@ -22,7 +24,11 @@ counters. The hooks, in the order of one scheduler iteration:
 * ``ScheduleBatch.retract_decode`` (after): counts retractions and the output tokens they drop; a retracted
   request's new admission counts its re-prefilled and re-hit tokens (the simulator's counters);
 * ``Scheduler.get_internal_state`` (after): the counters appear in ``GET /server_info`` under
-  ``internal_states[0].prism``, proof that the policies ran in the scheduler process.
+  ``internal_states[0].prism``, proof that the policies ran in the scheduler process; with SGLang's
+  ``--enable-metrics`` they are also Prometheus gauges on its ``/metrics`` (:mod:`prism.live.metrics`).
+
+In the HTTP server's process (the launcher) only one hook works: ``OpenAIServingChat._convert_to_internal_request``
+(around), which reads the segments of chat requests (:mod:`prism.live.chat`).
 
 The radix cache is registered as the ``prism`` backend (``--radix-cache-backend prism``); a request leaving
 the running set (finished or retracted) reaches :meth:`LiveState.release` from the cache's ``on_release``.
@@ -31,6 +37,7 @@ the running set (finished or retracted) reaches :meth:`LiveState.release` from t
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import time
 from collections import Counter
@@ -91,21 +98,30 @@ def prime(scheduler) -> None:
     scheduler.on_dispatch(plan.order[:4], ctx)
 
 
-def _plugin_time(fn):
-    """Count the wrapped hook's time as prism's (DESIGN §6: the overhead budget)."""
+def _plugin_time(fn, outside: bool = False):
+    """Count the wrapped hook's time as prism's (DESIGN §6: the overhead budget); ``outside``: a hook that runs
+    outside the scheduling spans ``scheduler_s`` measures (request intake), so not to be subtracted from them."""
+    name = fn.__name__
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            if _state is not None:
+            st = _state
+            if st is not None:
                 dt = time.perf_counter() - t0
-                _state.plugin_s += dt
-                _state.plugin_parts[fn.__name__] += dt
+                st.plugin_s += dt
+                st.plugin_parts[name] += dt
+                if outside:
+                    st.outside_s += dt
 
     timed.__name__, timed.__doc__ = fn.__name__, fn.__doc__
     return timed
+
+
+def _intake_time(fn):
+    return _plugin_time(fn, outside=True)
 
 
 @dataclass
@@ -124,16 +140,26 @@ class PluginConfig:
     overruns: str | None = None  # batches over their paced budget
     iterations: bool = False  # the event log also gets every batch and retraction (a timeline's records)
     backlog_limit: int | None = None  # a front end that holds the backlog: its bound on requests in SGLang
+    segments: str | None = None  # rid -> segment metadata (JSON), for requests that arrive without it (a router)
 
     @classmethod
-    def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float, iterations: bool = False
-           ) -> "PluginConfig":
+    def of(cls, spec: RunSpec, folder: Path, pace: bool, dilation: float, iterations: bool = False,
+           segments: Path | None = None) -> "PluginConfig":
         """The plugin of a server serving ``spec`` (its files in ``folder``); ``pace``: at ``dilation``;
-        ``iterations``: log every batch (``--timeline``)."""
+        ``iterations``: log every batch (``--timeline``); ``segments``: the run's rid table."""
         return cls(spec.scheduler, spec.eviction, {k: asdict(v) for k, v in spec.policy_configs.items()},
                    asdict(spec.deployment), spec.profile.cost.coefficients() if pace else None,
                    dilation if pace else 1.0, str(folder / "events.jsonl"), str(folder / "counters.json"),
-                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit())
+                   str(folder / "overruns.jsonl"), iterations, spec.backlog_limit(),
+                   str(segments) if segments is not None else None)
+
+    @classmethod
+    def serving(cls, scheduler: str, eviction: str, configs, deployment: Deployment, folder: Path,
+                backlog_limit: int | None = None) -> "PluginConfig":
+        """The plugin of a long-running server (``prism-live serve``): no pacing, no replay; its counters and
+        event log in ``folder``; ``backlog_limit``: a backlog front end's bound (SGLang's running slots)."""
+        return cls(scheduler, eviction, {k: asdict(v) for k, v in configs.items()}, asdict(deployment), None, 1.0,
+                   str(folder / "events.jsonl"), str(folder / "counters.json"), None, False, backlog_limit)
 
     @classmethod
     def read(cls, path: str | Path) -> "PluginConfig":
@@ -186,18 +212,22 @@ class LiveState:
         self._overruns = Path(config.overruns).open("a") if config.overruns else None
         self._starts: dict[int, float] = {}
         self._saved = 0.0
+        self.by_rid: dict[str, dict] = json.loads(Path(config.segments).read_text()) if config.segments else {}
+        self.metrics = None  # Prometheus gauges, once SGLang's --enable-metrics is seen (prism.live.metrics)
         self.plugin_parts: Counter = Counter()  # the same by hook
         self.plugin_s = 0.0  # CPU time in prism's hooks (plans, realignment, admission, protection set, anchors)
         self.scheduler_s = 0.0  # SGLang's scheduling around the forward (batch selection, result handling)
+        self.outside_s = 0.0  # the part of plugin_s spent outside those spans (request intake)
+        self.scheduler_busy_s = 0.0  # scheduler_s of the loop iterations that ran a batch
 
     # ---------------------------------------------------------------- engine state
     def context(self) -> SchedContext:
-        running = 0
-        limit = 0
-        if self.sched is not None:
-            running = len(self.sched.running_batch.reqs) if self.sched.running_batch is not None else 0
-            limit = getattr(self.sched, "max_running_requests", 0) or 0
-        return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(limit - running, 0))
+        free = 0
+        sched = self.sched
+        if sched is not None:
+            running = sched.running_batch
+            free = (getattr(sched, "max_running_requests", 0) or 0) - (len(running.reqs) if running is not None else 0)
+        return SchedContext(time.monotonic(), self.cache, (), self.hints, batch_hint=max(free, 0))
 
     @_plugin_time
     def admit(self, reqs) -> None:
@@ -228,7 +258,7 @@ class LiveState:
         belongs to no run."""
         self.counters.clear()
         self.plan = None
-        self.plugin_s = self.scheduler_s = 0.0
+        self.plugin_s = self.scheduler_s = self.outside_s = self.scheduler_busy_s = 0.0
         self.plugin_parts.clear()
         if self.cache is not None:
             self.cache.plugin_s = 0.0
@@ -336,14 +366,29 @@ class LiveState:
         if self.cache is not None:
             out["plugin_cpu_ms_cache"] = round(self.cache.plugin_s * 1e3, 3)
         out["scheduler_cpu_ms"] = round(self.scheduler_s * 1e3, 3)
-        own = self.scheduler_s - plugin_s
+        own = self.scheduler_s - (plugin_s - self.outside_s)  # prism's time inside SGLang's spans comes off
         out["plugin_overhead"] = round(plugin_s / own, 5) if own > 0 else 0.0
+        # the same over the iterations that ran a batch only: the idle loop's polls (no prism work, their number
+        # set by how long the machine lets the loop spin) left out of SGLang's side
+        out["scheduler_busy_cpu_ms"] = round(self.scheduler_busy_s * 1e3, 3)
+        busy = self.scheduler_busy_s - (plugin_s - self.outside_s)
+        out["plugin_overhead_busy"] = round(plugin_s / busy, 5) if busy > 0 else 0.0
+        if self.counters["chat_sglang_us"]:  # the chat path: the rule's CPU time against SGLang's conversion
+            out["chat_overhead"] = round(self.counters["chat_layout_us"] / self.counters["chat_sglang_us"], 5)
         out["scheduler"], out["eviction"] = self.config.scheduler, self.config.eviction
         return out
 
     def save_counters(self) -> None:
+        snapshot = None
         if self.counters_path is not None:
-            write_atomic_text(self.counters_path, json.dumps(self.snapshot(), sort_keys=True))
+            snapshot = self.snapshot()
+            write_atomic_text(self.counters_path, json.dumps(snapshot, sort_keys=True))
+        if self.metrics is None and self.sched is not None:
+            from prism.live.metrics import PluginMetrics
+
+            self.metrics = PluginMetrics.of(self.sched) or False
+        if self.metrics:
+            self.metrics.update(snapshot if snapshot is not None else self.snapshot())
 
 
 _state: LiveState | None = None
@@ -370,12 +415,17 @@ def around_next_batch(orig, sched, *args, **kwargs):
     st.sched = sched
     st.iteration_start = time.monotonic()
     t0 = time.perf_counter()
+    plan = None
     try:
         if st.front is not None and st.front.due(st.iteration_start):
             _release_windows(st, sched)
-        return orig(sched, *args, **kwargs)
+        plan = orig(sched, *args, **kwargs)
+        return plan
     finally:
-        st.scheduler_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        st.scheduler_s += dt
+        if getattr(plan, "batch_to_run", plan) is not None:  # an iteration that runs a batch (not an idle poll)
+            st.scheduler_busy_s += dt
 
 
 def around_process_result(orig, sched, *args, **kwargs):
@@ -384,14 +434,19 @@ def around_process_result(orig, sched, *args, **kwargs):
     try:
         return orig(sched, *args, **kwargs)
     finally:
-        st.scheduler_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        st.scheduler_s += dt
+        st.scheduler_busy_s += dt
 
 
 def around_add_to_queue(orig, sched, req, *args, **kwargs):
-    """Front end: a new arrival joins a window instead of SGLang's waiting queue."""
+    """A new arrival's segments (the rid table, the counts); with a front end it joins a window instead of
+    SGLang's waiting queue."""
     st = state()
     st.enqueue = orig
     retracted = bool(kwargs.get("is_retracted", args[0] if args else False))
+    if not retracted:
+        _arrive(st, req)
     if st.front is not None and _hold(st, req, retracted, sched):
         return None
     return orig(sched, req, *args, **kwargs)
@@ -402,49 +457,102 @@ def _in_backend(st: LiveState, sched) -> int:
     return in_sglang(sched) if st.front.backlog is not None else 0
 
 
-@_plugin_time
+class _Enqueue:
+    """SGLang's own intake of the requests a front end hands on (its ``_add_request_to_queue``), timed: that is
+    SGLang's scheduling time, which the hook handing them on subtracts from prism's (:meth:`not_ours`)."""
+
+    def __init__(self, st: LiveState, sched) -> None:
+        self.enqueue, self.sched, self.spent = st.enqueue, sched, 0.0
+
+    def __call__(self, req) -> None:
+        t0 = time.perf_counter()
+        self.enqueue(self.sched, req)
+        self.spent += time.perf_counter() - t0
+
+    def not_ours(self, st: LiveState, hook: str, outside: bool = False) -> None:
+        """``outside``: the hook runs outside SGLang's measured spans (intake), where this time is neither's."""
+        st.plugin_s -= self.spent  # the hook's wrapper adds the whole call's time
+        st.plugin_parts[hook] -= self.spent
+        if outside:
+            st.outside_s -= self.spent
+
+
+@_intake_time
+def _arrive(st: LiveState, req) -> None:
+    """A request without segment metadata gets its run's layout by rid; counted: segments by kind, and what the
+    chat path did (:mod:`prism.live.chat`) with its CPU time beside SGLang's own conversion."""
+    params = req.sampling_params.custom_params
+    if (not params or "prism_ids" not in params) and st.by_rid:
+        meta = st.by_rid.get(req.rid)
+        if meta is not None:
+            params = {**(params or {}), **meta}
+            req.sampling_params.custom_params = params
+            bias = meta.get("prism_logit_bias")  # the EOS ban, which sglang-router drops too
+            if bias and req.sampling_params.logit_bias is None:
+                req.sampling_params.logit_bias = bias
+            st.counters["segments_by_rid"] += 1
+    if not params:
+        return
+    c = st.counters
+    chat = params.get("prism_chat")
+    if chat is not None:
+        c[f"chat_{chat}"] += 1
+        c["chat_rendered_seen"] += bool(params.get("prism_chat_text"))
+        c["chat_layout_us"] += int(params.get("prism_chat_layout_ms", 0.0) * 1e3)
+        c["chat_sglang_us"] += int(params.get("prism_chat_sglang_ms", 0.0) * 1e3)
+    for kind in params.get("prism_kinds") or ():
+        c[f"segments_{kind}"] += 1
+
+
+@_intake_time
 def _hold(st: LiveState, req, retracted: bool, sched) -> bool:
-    enqueue = st.enqueue
-    return st.front.hold(req, retracted, time.monotonic(), st.cache, lambda r: enqueue(sched, r),
-                         _in_backend(st, sched))
+    put = _Enqueue(st, sched)
+    held = st.front.hold(req, retracted, time.monotonic(), st.cache, put, _in_backend(st, sched))
+    put.not_ours(st, "_hold", outside=True)
+    return held
 
 
 @_plugin_time
 def _release_windows(st: LiveState, sched) -> None:
-    enqueue = st.enqueue
     idle = bool(getattr(sched, "_sched_idled", False))  # the last loop iteration ran no batch
-    st.front.release(st.iteration_start, st.cache, lambda req: enqueue(sched, req), idle, _in_backend(st, sched))
+    put = _Enqueue(st, sched)
+    st.front.release(st.iteration_start, st.cache, put, idle, _in_backend(st, sched))
+    put.not_ours(st, "_release_windows")
 
 
 def around_calc_priority(orig, policy, waiting_queue, *args, **kwargs):
     st = state()
     st.counters[SCHEDULING_ROUNDS] += 1
-    if st.native:  # SGLang's own LPM, FCFS or DFS-weight orders the queue
+    if st.native or not _plan(st, waiting_queue):  # SGLang's own LPM, FCFS or DFS-weight orders the queue
         return orig(policy, waiting_queue, *args, **kwargs)
-    now = time.monotonic()
-    views, others = [], []
-    for req in waiting_queue:
-        seq = LiveSeq.of(req, now)
-        (views if seq is not None else others).append(seq if seq is not None else req)
-    if not views:
-        return orig(policy, waiting_queue, *args, **kwargs)
-    return _plan(st, views, others, waiting_queue)
+    return None
 
 
 @_plugin_time
-def _plan(st: LiveState, views, others, waiting_queue) -> None:
+def _plan(st: LiveState, waiting_queue) -> bool:
+    """The prism scheduler's order of the waiting queue, written back in place (False: no request of ours)."""
+    now = time.monotonic()
+    views, others = [], []
+    for req in waiting_queue:  # a request's view is made on first sight (its segments from custom params)
+        seq = LiveSeq.of(req, now)
+        (views if seq is not None else others).append(seq if seq is not None else req)
+    if not views:
+        return False
     plan = st.scheduler.plan(views, st.context())
     st.plan = plan
     waiting_queue[:] = [s.req for s in plan.order] + others
-    return None
+    return True
 
 
 @_plugin_time
 def before_init_next_round(req, *args, **kwargs):
     st = _state
     seq = getattr(req, "_prism", None)
-    if st is not None and seq is not None and st.plan is not None and not st.native:
-        seq.realign(st.plan.align.get(seq.id))
+    plan = st.plan if st is not None else None
+    # the plan's alignment is computed on demand: only for a request that may still move, once per plan
+    if plan is not None and seq is not None and seq.planned is not plan and not st.native and seq.movable():
+        seq.planned = plan
+        seq.realign(plan.align.get(seq.id))
     return None
 
 
@@ -521,8 +629,15 @@ def install(config_path: str) -> None:
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.prepare_for_extend", before_prepare_for_extend,
                           HookType.BEFORE)
     HookRegistry.register(f"{m}.schedule_batch.ScheduleBatch.retract_decode", after_retract, HookType.AFTER)
-    if config.run_deployment.front_end:
-        HookRegistry.register(f"{s}._add_request_to_queue", around_add_to_queue, HookType.AROUND)
+    HookRegistry.register(f"{s}._add_request_to_queue", around_add_to_queue, HookType.AROUND)
+    if multiprocessing.parent_process() is None:  # the launcher: SGLang's HTTP server applies chat templates here
+        from prism.live.chat import around_convert, around_encode
+
+        openai = "sglang.srt.entrypoints.openai"
+        HookRegistry.register(f"{openai}.serving_chat.OpenAIServingChat._convert_to_internal_request",
+                              around_convert, HookType.AROUND)
+        HookRegistry.register(f"{openai}.parallel_prompt_encode.parallel_prompt_encode", around_encode,
+                              HookType.AROUND)
     HookRegistry.register(f"{m}.schedule_policy.SchedulePolicy.calc_priority", around_calc_priority,
                           HookType.AROUND)  # prism's schedulers order the queue; every round is counted
     if engine_sched not in NATIVE_SCHEDULERS:

@@ -11,7 +11,8 @@
 #      of the size. The smaller torch 2.13.0+cpu wheel is not used: sglang 0.5.23 pins torch 2.14.1 and no CPU
 #      torchvision build for 2.13 is on the indexes (the PyPI torchvision is built against CUDA torch).
 #   3. pip install --no-deps sglang==0.5.23 (its full Requires-Dist is GPU kernels: flashinfer, sglang-kernel...).
-#   4. pip install -r live/requirements-cpu.txt: the Python modules the scheduler and the HTTP server import,
+#   4. pip install -r live/requirements-cpu.txt: the Python modules the scheduler and the HTTP server import
+#      (with prometheus_client for the plugin's gauges and sglang-router 0.3.2 for --router sglang_router),
 #      pinned where sglang 0.5.23's METADATA pins them.
 #   5. pip install -e REPO pytest hypothesis (REPO = this script's folder's parent).
 #   6. An import stand-in for sgl_kernel (no CPU build is published), written into VENV's site-packages only:

@@ -88,11 +88,12 @@ class ServerInstance:
     @classmethod
     def start(cls, index: int, spec: RunSpec, model: ServedModel, folder: Path, port: int, device: str,
               pace: bool, dilation: float, dtype: str = "auto", python: str | None = None,
-              iterations: bool = False) -> "ServerInstance":
+              iterations: bool = False, segments: Path | None = None) -> "ServerInstance":
         """Start a server of ``spec``'s run on 127.0.0.1:``port`` with the plugin (it returns at once: see
-        :meth:`wait_ready`); ``iterations``: its event log records every batch (a timeline's)."""
+        :meth:`wait_ready`); ``iterations``: its event log records every batch (a timeline's); ``segments``: the
+        run's table of requests by rid (behind sglang-router)."""
         plugin = folder / "plugin.json"
-        PluginConfig.of(spec, folder, pace, dilation, iterations).write(plugin)
+        PluginConfig.of(spec, folder, pace, dilation, iterations, segments).write(plugin)
         env = {CONFIG_ENV: str(plugin.resolve()), "SGLANG_ENABLE_WAITING_PREFIX_REFRESH": "0",
                **admission_env(spec.engine)}
         if device == "cpu":

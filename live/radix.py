@@ -168,16 +168,17 @@ class PrismRadixCache(RadixCache):
         if not path:
             return
         layout, pos = self._layout, node.depth
-        end = pos + sum(len(n.key) for n in path)
-        cuts = [c for c, _, _ in pieces(layout, pos, end, self.page_size, self.anchors)]
-        for node in reversed(path):
-            node_end = pos + len(node.key)
-            for cut in cuts:
+        lengths = [len(n.key) for n in path]
+        end = pos + sum(lengths)
+        owners = {c: (kind, seg) for c, kind, seg in pieces(layout, pos, end, self.page_size, self.anchors)}
+        for node, length in zip(reversed(path), reversed(lengths)):
+            node_end = pos + length
+            for cut in owners:
                 if pos < cut < node_end:  # SGLang made one edge across a boundary: split off its upper part
                     upper = super()._split_node(node.key, node, cut - pos)
-                    self._tag(upper, *self._owner(cut), cut)
+                    self._tag(upper, *owners[cut], cut)
                     pos = cut
-            self._tag(node, *self._owner(node_end), node_end)
+            self._tag(node, *(owners.get(node_end) or self._owner(node_end)), node_end)
             pos = node_end
 
     # ------------------------------------------------------------ SGLang's entry points

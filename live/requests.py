@@ -28,7 +28,7 @@ completion length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -82,13 +82,18 @@ def to_vocab(tokens: np.ndarray, vocab: int, low: int) -> np.ndarray:
     return np.where(t < vocab, t, low + (t - vocab) % (vocab - low))
 
 
+def layout_meta(rid: int, segments: Sequence[tuple[str, str, int]], movable: bool) -> dict[str, Any]:
+    """The ``custom_params`` the plugin reads: ``segments`` are ``(kind, id, end)`` in prompt order."""
+    return {"prism_request": rid, "prism_ids": [s[1] for s in segments], "prism_kinds": [s[0] for s in segments],
+            "prism_ends": [int(s[2]) for s in segments], "prism_movable": movable}
+
+
 def segment_meta(r: Request) -> dict[str, Any]:
     ends, end = [], 0
     for s in r.segments:
         end += s.length
         ends.append(end)
-    return {"prism_request": r.id, "prism_ids": [s.id for s in r.segments],
-            "prism_kinds": [s.kind for s in r.segments], "prism_ends": ends, "prism_movable": not r.fixed_order}
+    return layout_meta(r.id, [(s.kind, s.id, e) for s, e in zip(r.segments, ends)], not r.fixed_order)
 
 
 def live_requests(trace: Trace, vocab: int, context_length: int, where: str = "trace") -> list[LiveRequest]:

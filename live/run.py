@@ -13,7 +13,10 @@ sent by the same routing policy object as the simulator's cluster (:mod:`prism.l
 registry's router over client-side views of the servers). Results follow the simulator's cluster schema:
 ``requests.csv`` with an ``instance`` column, ``summary.json`` with the ``cluster`` block (per-instance load,
 hit rate from SGLang's ``cached_tokens``, TTFT, imbalance) and the counters of every server's plugin summed,
-plus the router's own counters. Each server's log and plugin files are in the run folder's ``instance-I/``
+plus the router's own counters. With ``--router sglang_router`` the real sglang-router 0.3.2 routes instead
+(:mod:`prism.live.router`): the replay goes through it, each server gets the run's segment table by ``rid``,
+and each request's instance is read from the servers' event logs. Each server's log and plugin files are in
+the run folder's ``instance-I/``
 (a single server's in the run folder itself). Servers are started together and waited for together (on a
 small machine their start-ups share the CPU); a server that dies stops the replay (``complete: false``);
 every server is stopped whatever happens.
@@ -57,6 +60,7 @@ class LiveOptions:
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 600.0
     python: str | None = None  # the servers' interpreter (default: this one)
+    real_router: bool = False  # sglang-router itself in front of the servers (its cache-aware policy)
 
 
 def check_method(spec: RunSpec, opts: LiveOptions | None = None) -> None:
@@ -77,6 +81,14 @@ def check_cluster(spec: RunSpec, opts: LiveOptions) -> None:
     if opts.port + n - 1 > 65535:
         raise UserError(f"--port {opts.port} leaves no room for {n} servers (they take ports --port .. "
                         f"--port + {n - 1})")
+    if opts.real_router:
+        from prism.live.router import check_installed
+
+        if opts.url:
+            raise UserError("--router sglang_router starts its own servers behind the router (drop --url)")
+        if opts.port + n > 65535:
+            raise UserError(f"--port {opts.port} leaves no room for the router (port --port + {n})")
+        check_installed(opts.python)
 
 
 def instance_dir(out: Path, i: int) -> Path:
@@ -96,7 +108,8 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     check_method(spec, opts)
     if timeline is not None and opts.url:
         raise UserError("--timeline needs the servers prism starts: an attached --url server keeps no event log")
-    n, routed = spec.cluster.instances, spec.cluster.instances > 1
+    n, real = spec.cluster.instances, opts.real_router
+    routed = n > 1 or real
     wall0 = time.perf_counter()
     model = resolve_model(opts.model, "bfloat16" if opts.dtype == "auto" else opts.dtype)
     reqs = live_requests(spec.trace, model.vocab_size, model.context_length, spec.trace_source or "trace")
@@ -106,7 +119,13 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
     specs = [instance_spec(spec, i) for i in range(n)]
     records: list[RequestRecord] = []
     stream = RecordStream(out / "requests.csv", flush_every=1, cluster=routed)
-    router = make_router(spec.cluster.router, spec.router_configs) if routed else None
+    router = make_router(spec.cluster.router, spec.router_configs) if routed and not real else None
+    table = None
+    if real:
+        from prism.live.router import write_segment_table
+
+        table = write_segment_table(spec.trace, out / "segments.json", spec.engine.admission, model.eos_ids)
+    front = None  # the real router (its process), once the servers are up
     servers: list[ServerInstance] = []
     complete = False
     counters: list[dict | None] = []
@@ -118,19 +137,37 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             device = device_of(opts.device)
             for i, (s, folder) in enumerate(zip(specs, folders)):
                 servers.append(ServerInstance.start(i, s, model, folder, opts.port + i, device, opts.pace,
-                                                    opts.dilation, opts.dtype, opts.python, timeline is not None))
+                                                    opts.dilation, opts.dtype, opts.python, timeline is not None,
+                                                    table))
         for server in servers:
             server.wait_ready(opts.startup_timeout_s)
         for server in servers:
             server.warm_up(model.vocab_size)
+        if real:
+            from prism.live.router import RealRouter
+
+            front = RealRouter([s.url for s in servers], opts.port + n, _cache_aware_knobs(spec), out, opts.python)
+            front.wait_ready(opts.startup_timeout_s)
         t_start = time.monotonic() + 0.05
         dispatch = (Dispatcher(router, [s.url for s in servers], [s.kv_capacity_of() for s in specs],
                                lambda: (time.monotonic() - t_start) / dilation,
                                {r.id: (r.segments, r.fixed_order) for r in spec.trace.requests})
-                    if routed else None)
+                    if routed and not real else None)
+
+        def instance_of(rid: int) -> int:
+            if dispatch is not None:
+                return dispatch.placed[rid]
+            if not real:
+                return 0
+            from prism.live.router import placement
+
+            i = placement(rid, [s.events for s in servers])
+            if i is None:
+                raise ReplayError(f"request {rid}: answered through sglang-router, but no server's event log has it")
+            return i
 
         def on_record(c: ClientRecord) -> None:
-            i = dispatch.placed[c.id] if dispatch is not None else 0
+            i = instance_of(c.id)
             r = servers[i].record(c, t_start, dilation, i if routed else None)
             records.append(r)
             stream(r)
@@ -141,14 +178,17 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             for server in servers:
                 if why := server.dead():
                     return f"instance {server.index}: {why}" if routed else why
-            return None
+            return front.dead() if front is not None else None
 
-        replay(servers[0].url, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
+        target = front.url if front is not None else servers[0].url
+        replay(target, reqs, on_record, dilation=dilation, timeout=opts.request_timeout_s,
                max_concurrency=spec.client_limit(), alive=alive, start=t_start,
                admission=spec.engine.admission, eos_ids=model.eos_ids, dispatch=dispatch)
         complete = True
     finally:
         stream.close()
+        if front is not None:
+            front.stop()
         counters = [server.counters() for server in servers]
         for server in servers:
             server.stop()
@@ -168,6 +208,10 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
                       "clock_zero_monotonic": t_start,  # the replay's time zero on the servers' event logs' clock
                       # SGLang's admission knobs as the servers got them; null: a --url server's own
                       "server_admission_env": admission_env(spec.engine) if started else None})
+            if real:
+                from prism.live.router import VERSION
+
+                s["router_process"] = {"name": "sglang_router", "version": VERSION, "policy": "cache_aware"}
             return s
 
         summary = write_results(out, records, make_summary, cluster=routed)
@@ -176,6 +220,13 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
 
             write_live_timeline(out, timeline)
     return summary
+
+
+def _cache_aware_knobs(spec: RunSpec):
+    """The run's cache-aware knobs (its section, else the defaults): what the real router is started with."""
+    from prism.policies.cache_aware import CacheAwareConfig
+
+    return spec.router_configs.get("cache_aware") or CacheAwareConfig()
 
 
 def _sum_counters(counters: list[dict | None]) -> dict[str, float]:
@@ -187,6 +238,8 @@ def _sum_counters(counters: list[dict | None]) -> dict[str, float]:
                 total[k] = round(total.get(k, 0) + v, 6) if len(counters) > 1 else v
     if len(counters) > 1 and total.get("scheduler_cpu_ms"):
         total["plugin_overhead"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_cpu_ms"], 5)
+        if total.get("scheduler_busy_cpu_ms"):
+            total["plugin_overhead_busy"] = round(total.get("plugin_cpu_ms", 0) / total["scheduler_busy_cpu_ms"], 5)
     return total
 
 

@@ -25,7 +25,7 @@ class LiveSeq(SegmentedPrompt):
     """Implements ``WaitingRequest`` over an SGLang ``Req`` (``req._prism`` keeps it)."""
 
     __slots__ = ("req", "id", "arrival", "fixed_order", "prompt_len",
-                 "realigned", "lane", "admitted")
+                 "realigned", "lane", "admitted", "planned")
 
     def __init__(self, req, arrival: float) -> None:
         params = req.sampling_params.custom_params or {}
@@ -45,6 +45,7 @@ class LiveSeq(SegmentedPrompt):
         self.realigned = False
         self.lane = ""
         self.admitted = False
+        self.planned = None  # the plan whose alignment was last applied (each plan's is asked once)
 
     @staticmethod
     def of(req, now: float) -> "LiveSeq | None":

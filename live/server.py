@@ -143,16 +143,19 @@ except OSError:
 
 
 class Server:
-    """``python -m sglang.launch_server ARGS`` in its own process group, which never outlives this process: it
-    is stopped by :meth:`stop` (a run's every way out), else at this interpreter's exit, and should this
-    process die without either (SIGKILL), the kernel kills the launcher and a watchdog the rest of the group."""
+    """``python -m sglang.launch_server ARGS`` (or another ``module``: sglang-router's launcher) in its own process
+    group, which never outlives this process: it is stopped by :meth:`stop` (a run's every way out), else at this
+    interpreter's exit, and should this process die without either (SIGKILL), the kernel kills the launcher and a
+    watchdog the rest of the group."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path, python: str | None = None):
+    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path, python: str | None = None,
+                 module: str = "sglang.launch_server", name: str = "SGLang server"):
         self.args = list(args)
         self.log_path = log_path
+        self.name = name
         self._log = log_path.open("ab")
         with InterruptsHeld():  # started and known, or neither
-            self.proc = subprocess.Popen([python or sys.executable, "-m", "sglang.launch_server", *self.args],
+            self.proc = subprocess.Popen([python or sys.executable, "-m", module, *self.args],
                                          env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=parent_death_signal())
@@ -166,7 +169,7 @@ class Server:
         rc = self.proc.poll()
         if rc is None:
             return None
-        return f"the SGLang server exited with status {rc}: {self.last_error()} (log: {self.log_path})"
+        return f"the {self.name} exited with status {rc}: {self.last_error()} (log: {self.log_path})"
 
     def last_error(self) -> str:
         try:

@@ -65,7 +65,8 @@ class RequestRecord:
 RUN_FILES = ("summary.json", "requests.csv", "timeline.json", "memory.csv", "memory.png")
 #: what a live run adds for each server, in its folder (a cluster: in instance-<i>/ folders): its log, the plugin's
 #: settings, counters and event logs
-SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log")
+SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json", "server.log", "segments.json",
+                "router.log")  # the last two: a run behind sglang-router
 
 
 def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:

@@ -114,7 +114,7 @@ def test_example_config_loads_and_runs(tmp_path, capsys):
 def test_every_option_of_every_command_has_help():
     import argparse
 
-    from prism.cli import calibrate, live, sim, sweep, theory, trace, validate
+    from prism.cli import calibrate, live, serve, sim, sweep, theory, trace, validate
 
     def parsers(p):
         yield p
@@ -124,7 +124,7 @@ def test_every_option_of_every_command_has_help():
                     yield from parsers(sub)
 
     missing = [f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
-               for m in (sim, sweep, theory, trace, calibrate, live, validate) for p in parsers(m.parser())
+               for m in (sim, sweep, theory, trace, calibrate, live, validate, serve) for p in parsers(m.parser())
                for a in p._actions if not isinstance(a, argparse._SubParsersAction) and not a.help]
     assert not missing
 

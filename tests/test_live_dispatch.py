@@ -132,7 +132,9 @@ def test_cache_aware_sends_a_shared_prefix_to_the_same_instance():
     d = _dispatcher("cache_aware")
     shared = list(range(10, 60))
     first = d.route(_req(0, shared + [1, 2]))
+    assert d.route(_req(1, [9] * 40)) != first  # no match, request 0 in flight: the least loaded (sglang-router 0.3.2)
     d.done(0)
-    assert d.route(_req(1, [9] * 40)) != first  # no match: the smaller tree
     d.done(1)
     assert d.route(_req(2, shared + [3, 4])) == first  # match rate 50/52 > 0.3
+    d.done(2)
+    assert d.route(_req(3, [5] * 40)) == 0  # no match, equal loads: the first, as the router's min_by_key

@@ -61,14 +61,16 @@ def new(n, base=1000):
 CACHE_AWARE_CASES = [
     ("match 0.5 > 0.3: longest match", [[P1], []], (0, 0), P1[:5] + new(5), {}, 0, "route_cache_hit"),
     ("match 0.4 > 0.3", [[P1], []], (0, 0), P1[:4] + new(6), {}, 0, "route_cache_hit"),
-    ("match 0.3 is not > 0.3: smallest tree", [[P1], []], (0, 0), P1[:3] + new(7), {}, 1, "route_cache_miss"),
-    ("no match: smallest tree, whatever the load", [[P1], [P2]], (5, 0), new(10), {}, 0, "route_cache_miss"),
+    ("match 0.3 is not > 0.3: least loaded", [[P1], []], (1, 0), P1[:3] + new(7), {}, 1, "route_cache_miss"),
+    # sglang-router 0.3.2: below the threshold the least loaded worker, not the one with the smallest tree
+    ("no match: least loaded, not the smallest tree", [[P1, P2], []], (0, 3), new(10), {}, 0, "route_cache_miss"),
+    ("no match, equal loads: the first", [[P1], []], (2, 2), new(10), {}, 0, "route_cache_miss"),
     ("imbalanced (65 > 64 and 70 > 1.5*5): least load", [[P1], []], (70, 5), P1, {}, 1, "route_balance"),
     ("diff 64 is not > 64: balanced", [[P1], []], (70, 6), P1, {}, 0, "route_cache_hit"),
     ("330 - 210 > 64 and 330 > 315: imbalanced", [[P1], []], (330, 210), P1, {}, 1, "route_balance"),
     ("300 - 210 > 64 but 300 <= 315: balanced", [[P1], []], (300, 210), P1, {}, 0, "route_cache_hit"),
     ("equal matches: the less loaded", [[P1], [P1]], (3, 1), P1, {}, 1, "route_cache_hit"),
-    ("cache_threshold 0.5: match 0.5 is a miss", [[P1], []], (0, 0), P1[:5] + new(5),
+    ("cache_threshold 0.5: match 0.5 is a miss", [[P1], []], (2, 0), P1[:5] + new(5),
      {"cache_threshold": 0.5}, 1, "route_cache_miss"),
     ("balance_abs_threshold 0: any gap with the ratio", [[P1], []], (2, 1), P1,
      {"balance_abs_threshold": 0}, 1, "route_balance"),
@@ -90,6 +92,13 @@ def test_cache_aware_thresholds(name, trees, loads, prompt, knobs, expect, count
     assert router.route(r, views, 1.0) == expect
     assert router.stats() == {counter: 1}
     assert router.trees[expect].match_len(r.key) == r.prompt_len  # the prompt is recorded where it went
+
+
+def test_cache_aware_defaults_are_sglang_router_0_3_2s():
+    """The launcher's defaults of sglang-router 0.3.2 (``router_args.py``), as its start-up log prints them."""
+    assert CacheAwareConfig() == CacheAwareConfig(cache_threshold=0.3, balance_abs_threshold=64,
+                                                  balance_rel_threshold=1.5, eviction_interval_s=60.0,
+                                                  max_tree_size=2 ** 26)
 
 
 def test_cache_aware_evicts_its_trees_on_schedule():

@@ -183,8 +183,34 @@ class ChatSegmenter:
 
     def layout(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                declared: Declared | None = None) -> ChatLayout:
-        """One request's layout (the live plugin's call)."""
+        """One request's layout."""
         return self.layouts([(messages, tools, declared)])[0]
+
+    def server_layout(self, messages: Sequence[dict], tools: Sequence[dict] | None, declared: Declared | None,
+                      rendered: str | None, expected: Sequence[int]) -> ChatLayout | None:
+        """The live plugin's call, inside a server that already rendered the prompt (``rendered``, None if it was
+        not seen) and encoded it (``expected``): the rule's cuts over that text, each part between two cuts
+        encoded on its own (remembered, so a document or system prompt seen before costs a lookup), kept if the
+        parts' tokens are exactly ``expected`` (a cut on a pre-token boundary, the usual case); else the whole
+        text encoded as :meth:`layout` does. None if neither gives the server's tokens."""
+        text, cuts, fixed, unplaced = self._plan(messages, tools or None, declared, rendered)
+        starts = [pos for pos, _ in cuts]
+        labels = [label for _, label in cuts]
+        bounds = [*starts, len(text)]
+        parts = self.tok.tokenize([(text[a:b], ()) for a, b in zip(bounds, bounds[1:])])
+        n, token_starts = 0, []
+        for ids, _ in parts:
+            token_starts.append(n)
+            n += len(ids)
+        expected = expected if isinstance(expected, list) else list(expected)
+        if n == len(expected):
+            tokens = np.concatenate([ids for ids, _ in parts]) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
+            if tokens.tolist() == expected:
+                return from_cuts(tokens, token_starts, labels, fixed, unplaced)
+        tokens, token_starts = self.tok.tokenize([(text, starts)])[0]
+        if tokens.tolist() != expected:
+            return None
+        return from_cuts(tokens, token_starts, labels, fixed, unplaced)
 
     def layouts(self, requests: Sequence[tuple[Sequence[dict], Sequence[dict] | None, Declared | None]]
                 ) -> list[ChatLayout]:
@@ -218,11 +244,11 @@ class ChatSegmenter:
         self._tools.setdefault(names, []).append((tools, key))
         return tools, key
 
-    def _plan(self, messages, tools, declared):
+    def _plan(self, messages, tools, declared, rendered: str | None = None):
         tools, tools_key = self._shared_tools(tools)
         view = server_view(messages, self.tok.content_format(tools))
         try:
-            text = self.tok.render(view, tools, True)
+            text = rendered if rendered is not None else self.tok.render(view, tools, True)
         except TemplateRefused as e:
             raise ChatError(f"the chat template refuses the request: {e}") from None
         if declared is not None:

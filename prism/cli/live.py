@@ -18,9 +18,12 @@ from prism.output import check_out_dir
 from prism.policies.registry import ROUTERS
 from prism.timeline import read_meta, timeline_note, timeline_path
 
+REAL_ROUTER = "sglang_router"  # --router: the real sglang-router (prism.live.router)
+
 EPILOG = """\
-subcommand:
+subcommands:
   prism-live validate ...   the digital twin beside the simulator, method by method (prism-live validate --help)
+  prism-live serve ...      a long-running SGLang server with the plugin, for any client (prism-live serve --help)
 
 examples:
   prism-live --model llama2-13b --trace traces/zipf.yaml --method prism --qps 12          # GPU machine
@@ -37,6 +40,9 @@ tiny CPU model stands in for the profile's GPU; arrivals are dilated alike and r
 --instances N starts N servers (ports --port .. --port + N - 1) and routes each request with the simulator's
 routing policy (--router: rr, least_load, cache_aware, lmetric) from the client's own view of each server;
 requests.csv gains an instance column, summary.json the cluster block, instance-I/ each server's files.
+--router sglang_router puts the real sglang-router 0.3.2 (pip install sglang-router==0.3.2) in front instead,
+its cache-aware policy on the run's cache_aware knobs (the simulator's model of it: prism-sim --router
+cache_aware); the replay goes through it, and each request's instance is read from the servers' event logs.
 """
 
 
@@ -72,9 +78,12 @@ def options(args: argparse.Namespace):
         profiles.model(args.model)  # a model name: known (a folder is checked when the run starts)
     elif not Path(args.model).expanduser().is_dir():
         raise UserError("expected a model folder holding config.json", args.model)
+    real = getattr(args, "router", None) == REAL_ROUTER  # validate has no --router
+    if real:  # the run's router is the simulator's model of it; the real one routes
+        args.router = "cache_aware"
     return LiveOptions(model=args.model, url=args.url, pace=args.pace is not None, dilation=args.dilation,
                        device=args.device, port=args.port, startup_timeout_s=args.startup_timeout,
-                       request_timeout_s=args.request_timeout)
+                       request_timeout_s=args.request_timeout, real_router=real)
 
 
 def partial_results(out: Path) -> str:
@@ -113,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     add_run_flags(p)
     add_live_flags(p)
     p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")
-    p.add_argument("--router", help=f"routing policy of several servers: {', '.join(ROUTERS)} (default cache_aware)")
+    p.add_argument("--router", help=f"routing policy of several servers: {', '.join(ROUTERS)} (default cache_aware), "
+                                    "or sglang_router: the real sglang-router in front")
     add_timeline_flag(p)
     return p
 
@@ -134,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         from prism.cli.validate import main as validate_main
 
         return validate_main(args_list[1:])
+    if args_list and args_list[0] == "serve":
+        from prism.cli.serve import main as serve_main
+
+        return serve_main(args_list[1:])
     args = parser().parse_args(args_list)
     apply_pace_profile(args)
     opts = options(args)
