@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -63,8 +64,9 @@ def _version_here() -> str | None:
     return __version__
 
 
-def router_args(urls: Sequence[str], port: int, cfg: CacheAwareConfig) -> list[str]:
-    """The launcher's arguments: the cache-aware policy on the run's knobs, in front of ``urls``."""
+def router_args(urls: Sequence[str], port: int, cfg: CacheAwareConfig, metrics_port: int) -> list[str]:
+    """The launcher's arguments: the cache-aware policy on the run's knobs, in front of ``urls``; its Prometheus
+    exporter on ``metrics_port`` (0.3.2 binds 0.0.0.0:29000 by default and panics when another router holds it)."""
     interval = cfg.eviction_interval_s
     if interval != int(interval):
         raise UserError(f"cache_aware.eviction_interval_s={interval}: sglang-router takes whole seconds",
@@ -74,7 +76,14 @@ def router_args(urls: Sequence[str], port: int, cfg: CacheAwareConfig) -> list[s
             "--balance-abs-threshold", str(cfg.balance_abs_threshold),
             "--balance-rel-threshold", repr(cfg.balance_rel_threshold),
             "--eviction-interval-secs", str(int(interval)), "--max-tree-size", str(cfg.max_tree_size),
-            "--log-level", "warn"]
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warn"]
+
+
+def free_port() -> int:
+    """A port no one listens on now, for the router's metrics exporter."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_segment_table(trace: Trace, path: Path, admission: str, eos_ids: tuple[int, ...]) -> Path:
@@ -96,24 +105,27 @@ class RealRouter:
     def __init__(self, urls: Sequence[str], port: int, cfg: CacheAwareConfig, folder: Path,
                  python: str | None = None) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.process = Server(router_args(urls, port, cfg), {}, folder / "router.log", python, module=MODULE,
-                              name="sglang-router")
+        metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.process = Server(router_args(urls, port, cfg, metrics_port), {}, folder / "router.log", python,
+                              module=MODULE, name="sglang-router")
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Its ``/health`` answers 200 once it has registered its workers."""
+    def wait_ready(self, timeout_s: float, workers: int) -> None:
+        """Until its ``/readiness`` counts all ``workers`` healthy (``/health`` answers 200 before the router has
+        health-checked them: a request sent then is refused, 503 ``no_available_workers``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if why := self.process.dead():
                 raise UserError(why)
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as r:
-                    if r.status == 200:
+                with urllib.request.urlopen(f"{self.url}/readiness", timeout=2.0) as r:
+                    if r.status == 200 and json.loads(r.read()).get("healthy_workers") == workers:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
                 pass
             time.sleep(0.25)
-        raise UserError(f"sglang-router at {self.url} did not become healthy within {timeout_s:.0f} s "
-                        f"(log: {self.process.log_path})")
+        raise UserError(f"sglang-router at {self.url} did not count its {workers} workers healthy within "
+                        f"{timeout_s:.0f} s (log: {self.process.log_path})")
 
     def dead(self) -> str | None:
         return self.process.dead()

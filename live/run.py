@@ -147,7 +147,7 @@ def live_run(spec: RunSpec, opts: LiveOptions, out: Path, progress: Callable[[in
             from prism.live.router import RealRouter
 
             front = RealRouter([s.url for s in servers], opts.port + n, _cache_aware_knobs(spec), out, opts.python)
-            front.wait_ready(opts.startup_timeout_s)
+            front.wait_ready(opts.startup_timeout_s, n)
         t_start = time.monotonic() + 0.05
         dispatch = (Dispatcher(router, [s.url for s in servers], [s.kv_capacity_of() for s in specs],
                                lambda: (time.monotonic() - t_start) / dilation,

@@ -183,12 +183,13 @@ def running_slots(settings: Settings, opts: ServeOptions) -> int:
 def write_plugin(settings: Settings, opts: ServeOptions) -> Path:
     from prism.policies.registry import deployment_of
 
+    deploy = deployment_of(settings.scheduler, settings.policy_configs)
+    bound = running_slots(settings, opts) if deploy.holds_backlog else None
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     path = out / "plugin.json"
-    deploy = deployment_of(settings.scheduler, settings.policy_configs)
     PluginConfig.serving(settings.scheduler, settings.eviction, settings.policy_configs, deploy, out,
-                         running_slots(settings, opts) if deploy.holds_backlog else None).write(path)
+                         bound).write(path)
     return path
 
 

@@ -29,6 +29,7 @@ pytest.importorskip("sglang_router")
 
 from prism.core import TOKEN_DTYPE  # noqa: E402
 from prism.policies.cache_aware import CacheAware, CacheAwareConfig  # noqa: E402
+from prism.live.router import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROUTER_PORT, WORKERS = 30181, (30182, 30183)
@@ -64,7 +65,9 @@ def stub_router(tmp_path_factory):
     with router_log.open("w") as f:
         procs.append(subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
                                        *(f"http://127.0.0.1:{p}" for p in WORKERS), "--policy", "cache_aware",
-                                       "--host", "127.0.0.1", "--port", str(ROUTER_PORT)], stdout=f, stderr=f))
+                                       "--host", "127.0.0.1", "--port", str(ROUTER_PORT),
+                                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+                                      stdout=f, stderr=f))
     try:
         _wait(f"http://127.0.0.1:{ROUTER_PORT}/health")
         yield f"http://127.0.0.1:{ROUTER_PORT}", logs, router_log

@@ -202,6 +202,7 @@ def test_paced_validate_of_the_window_front_end_matches_the_simulator(tmp_path):
     out = tmp_path / "validate-window"
     rc = live_main(["validate", "--trace", "zipf", "--methods", "prism", "--qps", "10",
                     "--set", "trace.num_requests=30", "--set", "qas.window_s=0.05",
+                    "--set", "qas.front_end=arrivals",
                     "--pace", "a800-80g:qwen3-4b-instruct-2507", "--out", str(out), "--no-progress",
                     "--port", "30136"])
     assert rc == 0
