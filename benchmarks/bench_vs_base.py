@@ -3,7 +3,7 @@ commit's (issue 31's targets are ratios to 508aed3 on the shared prefix workload
 
     python benchmarks/bench_vs_base.py --base-python /work/venv-base/bin/python [--repeat 3]
         [--cases 20480:gpu:fcfs,20480:gpu:prism,...] [--trace traces/prefix20.yaml]
-        [--profile h100-sxm-80g:llama-3.1-8b] [--qps 50]
+        [--profile h100-sxm-80g:llama-3.1-8b] [--qps 50] [--new-set qas.front_end=arrivals]
 
 A case is ``REQUESTS:POOL:METHOD`` (POOL ``gpu``: the profile's GPU-sized pool, ``engine.max_total_tokens=null``;
 a number: that many tokens). Each process runs the interpreter's ``prism.cli.sim`` as the console script does,
@@ -74,8 +74,12 @@ def main() -> None:
                    help="trace spec both sides run (a path, or a built-in spec's name)")
     p.add_argument("--profile", default="h100-sxm-80g:llama-3.1-8b", help="GPU:MODEL profile ('': the default)")
     p.add_argument("--qps", type=float, help="arrival rate (default: the spec's)")
+    p.add_argument("--new-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting only this checkout's side takes (repeatable): a knob the older commit lacks, "
+                        "e.g. qas.front_end=arrivals for prism's deployment before the backlog became its default")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
+    new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}
@@ -86,12 +90,13 @@ def main() -> None:
             argv = case_argv(case, trace, args.profile, args.qps)
             order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
             for side in order:
-                wall, peak = run_once(sides[side], argv)
+                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []))
                 walls[case, side].append(wall)
                 rss[case, side] = max(rss.get((case, side), 0.0), peak)
             print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} s, "
                   f"new {walls[case, 'new'][-1]:.2f} s", file=sys.stderr, flush=True)
-    print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}")
+    print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}"
+          + (f"; the new side also --set {' '.join(args.new_set)}" if args.new_set else ""))
     print(f"{'case':24s} {'old_med':>8s} {'new_med':>8s} {'ratio':>6s} {'old_min':>8s} {'new_min':>8s} "
           f"{'r_min':>6s} {'target':>6s} {'old_rss':>8s} {'new_rss':>8s} {'old/fcfs':>8s} {'new/fcfs':>8s}")
     rows = []
