@@ -1,10 +1,12 @@
 """``prism-live serve`` on a real SGLang server (CPU, the ``tiny`` geometry, dummy weights, the demo tokenizer
 with its ChatML template): OpenAI chat requests, nothing prism-specific in them, get their segments in the
-server (the chat rule of ``prism.traces.chat``), and QAS and DART work on them. One server for the module.
+server (the chat rule of ``prism.traces.chat``), and QAS and DART work on them. One server for the module, with
+prism's default deployment: the QAS front end holding the backlog, bounded by SGLang's running slots.
 
 * chat requests are served; the plugin's counters show the segments the rule gives (checked against the rule
   run here on the same messages), QAS rounds and hits by DART tier; ``/metrics`` (``--enable-metrics``) carries
   them as ``prism:*`` gauges;
+* six requests at once on three slots: some pass straight on, the rest are held and released, all served;
 * a request whose documents are marked movable (``custom_params.prism_segments``, ``prism_movable``) is
   realigned behind requests holding its second document, and SGLang computes on the realigned prompt: its cached
   prefix runs through that document, which the prompt as sent does not start with;
@@ -35,6 +37,7 @@ from test_live_server import _processes_with  # noqa: E402
 
 PORT = 30161
 URL = f"http://127.0.0.1:{PORT}"
+SLOTS = 3  # SGLang's running slots: the bound of prism's default front end, which holds the backlog
 SYSTEM = "You are a careful assistant. Answer from the documents only, and say which document you used."
 DOCS = [f"Document {i}: " + " ".join(f"the {i}-th archive notes item {j} of its ledger." for j in range(12))
         for i in range(6)]
@@ -66,9 +69,9 @@ def _chat(docs: list[str], question: str, max_tokens: int = 4, custom: dict | No
 def served(tmp_path_factory, chat_tokenizer_dir):
     out = tmp_path_factory.mktemp("serve")
     proc = subprocess.Popen([sys.executable, "-m", "prism.cli.live", "serve", "--model", "tiny", "--device", "cpu",
-                             "--method", "prism", "--set", "qas.window_s=0", "--set", "engine.max_total_tokens=16384",
+                             "--method", "prism", "--set", "engine.max_total_tokens=16384",
                              "--port", str(PORT), "--out", str(out), "--", "--tokenizer-path", str(chat_tokenizer_dir),
-                             "--enable-metrics", "--enable-cache-report"],
+                             "--enable-metrics", "--enable-cache-report", "--max-running-requests", str(SLOTS)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = proc.stdout.readline()  # one line once the server is healthy and its plugin answers
     assert "prism-live serve: prism at" in ready, (ready, proc.stderr.read() if proc.poll() is not None else "")
@@ -150,6 +153,26 @@ def test_a_movable_request_is_realigned_and_computed_on_the_realigned_prompt(ser
     cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     # realigned to [sys][b][a][q], SGLang matched it through b against the primer: the prompt it computes on
     assert cached >= sys_end + (b_end - a_end) - 1, (cached, layout.segments)
+
+
+def test_the_default_front_end_holds_the_backlog_bounded_by_sglangs_slots(served):
+    """prism's default deployment, the QAS front end that holds the backlog, bounded by SGLang's running slots
+    (given after ``--``: the plugin's bound is the same number). Six chat requests at once: the first pass
+    straight on while there is room, the rest are held and released as slots free; all are served."""
+    out, _ = served
+    assert json.loads((out / "plugin.json").read_text())["backlog_limit"] == SLOTS
+    before = _counters()
+    answers = []
+    threads = [threading.Thread(target=lambda i=i: answers.append(_chat([DOCS[i]], "Go.", 48))) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 6 and all(a["usage"]["completion_tokens"] == 48 for a in answers)
+    c = _counters()
+    delta = {k: c.get(k, 0) - before.get(k, 0) for k in ("frontend_passed", "frontend_held", "chat_segmented")}
+    assert delta["frontend_passed"] >= 1 and delta["frontend_held"] >= 1, delta
+    assert delta["frontend_passed"] + delta["frontend_held"] == 6 and delta["chat_segmented"] == 6, delta
 
 
 def test_serve_stops_with_the_command_and_leaves_no_process(served):
