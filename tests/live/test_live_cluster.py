@@ -23,7 +23,9 @@ from test_live_server import _processes_with  # noqa: E402  (a run's server proc
 N = 40
 
 
-@pytest.mark.parametrize("router,port", [("rr", 30151), ("lmetric", 30161)])
+# one router (lmetric: it reads the client's views of both servers); rr's fixed alternation is the dispatcher's,
+# tested without servers (tests/test_live_dispatch.py), and the real router has its own test (test_live_router.py)
+@pytest.mark.parametrize("router,port", [("lmetric", 30161)])
 def test_two_servers_behind_the_router(tmp_path, router, port, capsys):
     out = tmp_path / router
     argv = ["--trace", "zipf", "--set", f"trace.num_requests={N}", "--set", "engine.max_total_tokens=8192",
@@ -54,8 +56,4 @@ def test_two_servers_behind_the_router(tmp_path, router, port, capsys):
     assert sum(p["requests"] for p in per) == N and abs(sum(p["share"] for p in per) - 1) < 1e-9
     counts = [p["requests"] for p in per]
     assert c["imbalance"] == pytest.approx(max(counts) / (N / 2))
-    if router == "rr":  # decisions in the order the requests were sent: 0, 1, 0, 1, ...
-        by_send = sorted(rows, key=lambda r: float(r["sent"]))
-        assert [int(r["instance"]) for r in by_send] == [k % 2 for k in range(N)]
-    else:
-        assert min(counts) > 0  # an idle server's P × 1 beats a busy one's P × (BS + 1) from the second request
+    assert min(counts) > 0  # an idle server's P × 1 beats a busy one's P × (BS + 1) from the second request
