@@ -105,9 +105,7 @@ class RealRouter:
     def __init__(self, urls: Sequence[str], port: int, cfg: CacheAwareConfig, folder: Path,
                  python: str | None = None) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        metrics_port = free_port()
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        self.process = Server(router_args(urls, port, cfg, metrics_port), {}, folder / "router.log", python,
+        self.process = Server(router_args(urls, port, cfg, free_port()), {}, folder / "router.log", python,
                               module=MODULE, name="sglang-router")
 
     def wait_ready(self, timeout_s: float, workers: int) -> None:
