@@ -103,14 +103,19 @@ def native_lru_cache(page_size: int):
 
 def check_peeks(sim: RadixCache, live: PrismRadixCache, items, rng: random.Random, step: int) -> None:
     """The live cache's peek index has SGLang's tree's shape, edge for edge, and its peeks (the project's one
-    prefix walk over it) answer as the simulator's cache does, for whole and cut prompts."""
-    stack = [(live.root_node, live.index.root)]
+    prefix walk over it) answer as the simulator's cache does, for whole and cut prompts. The index is built at
+    the first peek and kept from then on; now and then it is dropped, so that one built late from the tree is
+    checked as well as one kept through inserts, splits and evictions."""
+    if rng.random() < 0.2:
+        live.index = None
+    index = live._peeks()
+    stack = [(live.root_node, index.root)]
     while stack:
         node, peek = stack.pop()
         assert (peek.position, peek.depth) == (node.position, node.depth), step
         assert len(peek.children) == len(node.children), step
         for child in node.children.values():
-            entry = peek.children[child.peek.key[:live.index._pb]]
+            entry = peek.children[child.peek.key[:index._pb]]
             assert entry is child.peek, step
             assert np.frombuffer(entry.key, dtype=np.int32).tolist() == list(child.key.token_ids), step
             stack.append((child, entry))
