@@ -7,11 +7,14 @@ round after round, on random queues. Change the definition there first.
 
 Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), in one compiled call
 (``policies.qas_round.plan_round``) of three passes over the queue: counters and priorities; signatures;
-buckets, scores and lanes. Buckets and the FIFO order come from counting sorts (rows are numbered in FIFO
-order), bucket ranking from a sort of the buckets; no all-pairs work. Front alignment (a sort of one
-request's few segments) runs only for the requests the engine admits. Per request, QAS keeps its segment
-indices in a matrix row registered once, on the request's first round. Finding the rows of a queue is a
-lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
+buckets, scores and lanes; the starvation bound and the front alignment of the order's head (the
+``batch_hint`` requests the engine is about to take) end the same call. Buckets and the FIFO order come from
+counting sorts (rows are numbered in FIFO order), bucket ranking from a sort of the buckets; no all-pairs
+work. Front alignment (a sort of one request's few segments) runs only for that head and, on demand, for other
+requests the engine admits. Each kernel call costs a live server 35-60 us with SGLang's work in the CPU's
+caches (``benchmarks/bench_plugin_round.py``), so a plan makes one and a dispatch one. Per request, QAS keeps
+its segment indices in a matrix row registered once, on the request's first round. Finding the rows of a queue
+is a lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
 queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
 the part of the queue that matches it.
 
@@ -34,7 +37,7 @@ from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
 from prism.policies.base import DemandHints, LazyAlignment, Plan, SchedContext, WaitingRequest
 from prism.policies.qas import QAS, QASConfig
-from prism.policies.qas_round import INTERPRETED, Params, Prompts, Round, compiled
+from prism.policies.qas_round import INTERPRETED, Dispatch, Params, Prompts, Round, compiled
 
 
 class RequestTable:
@@ -135,7 +138,7 @@ class RequestTable:
         expected, rows = self._expected
         m = len(expected)
         if m and len(requests) >= m and requests[:m] == expected:
-            return np.concatenate((rows, self._lookup(requests[m:])))
+            return rows if len(requests) == m else np.concatenate((rows, self._lookup(requests[m:])))
         return self._lookup(requests)
 
     def _lookup(self, requests: Sequence[WaitingRequest]) -> np.ndarray:
@@ -259,31 +262,22 @@ class CompiledQAS(QAS):
         n_segments = len(table.segment_names)
         age = table.age_key(queued)
         self._k = k = self._kernels(len(queued))
-        rnd = k.plan_round(table.prompts, self._kernel_params, queued, age,  # ranked by P(r; ∅): no next batch
-                         self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting))
-        positions, aged = rnd.order, rnd.order[:0]
-        if cfg.replans_backlog:  # the starvation bound
-            positions, aged = self._aged_first(positions, ctx.now - table.arrival[queued[positions]], age)
-        order = [waiting[p] for p in positions.tolist()]
-        self._planned = _Planned(order, queued[positions], rnd.base)
-        table.expect(order, self._planned.order_rows)
+        wait = self.config.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
+        rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age,  # by P(r; ∅): no next batch
+                                  self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting),
+                                  table.arrival, ctx.now, wait, min(ctx.batch_hint, len(waiting))))
+        order = [waiting[p] for p in rnd.order.tolist()]
+        self._planned = _Planned(order, rnd.order_rows, rnd.base)
+        table.expect(order, rnd.order_rows)
         self._last_round = (waiting, rnd)  # references only: `last` builds views
         self.counters[QAS_ROUNDS] += 1
         self.counters[QAS_BUCKETS] += len(rnd.bucket_size)
-        cold = dict.fromkeys(table.request_id[queued[rnd.cold]].tolist(), "cold")  # q_cold requests at most
-        lanes = cold if not len(aged) else _AgedLanes(table, queued[aged], cold)
-        return Plan(order, _Alignment(table, queued, rnd.priority, cfg.f_front, k.aligned_row), lanes=lanes)
-
-    def _aged_first(self, positions: np.ndarray, waited: np.ndarray, age: np.ndarray):
-        """The round's order with the requests that waited more than ``max_wait_s`` moved to its head, oldest
-        first: (positions, the aged ones' positions)."""
-        over = waited > self.config.max_wait_s
-        if not over.any():
-            return positions, positions[:0]
-        aged = positions[over]
-        aged = aged[np.argsort(age[aged], kind="stable")]
-        self.counters[QAS_AGED] += len(aged)
-        return np.concatenate((aged, positions[~over])), aged
+        cold = dict.fromkeys([waiting[p].id for p in rnd.cold.tolist()], "cold")  # q_cold requests at most
+        lanes = cold
+        if rnd.n_aged:
+            self.counters[QAS_AGED] += rnd.n_aged
+            lanes = _AgedLanes(table, rnd.order_rows[:rnd.n_aged], cold)
+        return Plan(order, _Alignment(table, queued, rnd, cfg.f_front, k.aligned_row), lanes=lanes)
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
@@ -292,20 +286,20 @@ class CompiledQAS(QAS):
             return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
-        out = self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base, self.params.w_n,
-                       len(self.table.segment_names))
+        out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
+                                         self.params.w_n, len(self.table.segment_names), self._published))
         self._next_batch = out.next_batch
         remaining = list(planned.order)
         for p in reversed(out.taken_positions.tolist()):
             del remaining[p]
         self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
-            self._publish(ctx.hints, out.published)
+            self._publish(ctx.hints, out)
 
-    def _publish(self, hints: DemandHints, published: np.ndarray) -> None:
+    def _publish(self, hints: DemandHints, dispatched) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
-        up, gone, fell = self._k.changes(published, self._published)
+        published, up, gone, fell = dispatched.published, dispatched.changed, dispatched.dropped, dispatched.fell
         out, names = self._published_by_name, self.table.segment_names
         out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
         for i in gone.tolist():
@@ -319,27 +313,37 @@ class CompiledQAS(QAS):
 
 class _Alignment(LazyAlignment):
     """Plan.align for QAS: request id -> aligned reusable order, for the queued requests whose order changes.
-    Aligned on demand with the round's priorities: the engine asks only for the requests it admits."""
+    The round aligned the head of its order (the requests the engine is about to take); others are aligned
+    on demand with the round's priorities, should the engine take them."""
 
-    def __init__(self, table: RequestTable, queued: np.ndarray, priority: np.ndarray, f_front: int,
-                 aligned_row) -> None:
-        self._table, self._queued, self._priority, self._f_front = table, queued, priority, f_front
+    def __init__(self, table: RequestTable, queued: np.ndarray, rnd: Round, f_front: int, aligned_row) -> None:
+        self._table, self._queued, self._rnd, self._f_front = table, queued, rnd, f_front
         self._aligned_row = aligned_row  # the round's kernel
-        # the queued rows, as a set made at the first call: O(queue) per round that admits (an array over every
-        # row ever registered would make a front end's rounds of a few arrivals cost O(requests so far) each)
+        # the aligned head's rows, then all queued rows, as dicts and sets made at the first call that needs
+        # them: O(queue) per round that admits (an array over every row ever registered would make a front
+        # end's rounds of a few arrivals cost O(requests so far) each)
+        self._head: dict[int, int] | None = None
         self._rows: set[int] | None = None
 
     def get(self, rid: int, default=None):
         """The engine's call, once per admitted request (no exception for the many that keep their order)."""
-        table = self._table
-        if self._rows is None:
-            self._rows = set(self._queued.tolist())
+        table, rnd = self._table, self._rnd
         row = table.row_of.get(rid)  # None: registered after this round, not queued
-        if row not in self._rows:
-            return default
-        out, moved = self._aligned_row(table.prompts, row, self._priority, self._f_front)
-        if not moved:
-            return default
+        if self._head is None:
+            self._head = {r: i for i, r in enumerate(rnd.order_rows[:len(rnd.moved)].tolist())}
+        i = self._head.get(row)
+        if i is not None:
+            if not rnd.moved[i]:
+                return default
+            out = rnd.aligned[i, :table.n_reusable[row]]
+        else:
+            if self._rows is None:
+                self._rows = set(self._queued.tolist())
+            if row not in self._rows:
+                return default
+            out, moved = self._aligned_row(table.prompts, row, rnd.priority, self._f_front)
+            if not moved:
+                return default
         names = table.segment_names
         return tuple([names[i] for i in out.tolist()])
 

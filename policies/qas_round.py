@@ -15,9 +15,12 @@ three passes over the queued rows, O(S) in queued segment occurrences S:
 
 Inputs and outputs are named tuples (:class:`Prompts`, :class:`Params`, :class:`Round`,
 :class:`Dispatch`), which numba passes as structs. Python calls a kernel once per round, once per dispatch
-and once per admitted request's alignment, and a call's fixed cost is a few percent of a small round: so
-the entry points take Prompts and Params as plain tuples of their fields (``tuple(Prompts(...))``) and name
-them first thing, because numba types a plain tuple in C but a named one in Python (a microsecond more).
+and once per admitted request's alignment, and a call's fixed cost is most of a small round: so the entry
+points take Prompts and Params as plain tuples of their fields (``tuple(Prompts(...))``) and name them first
+thing, and return a Round's or a Dispatch's fields as a plain tuple that the caller names, because numba
+types and boxes a plain tuple in C but a named one in Python (``benchmarks/bench_plugin_round.py``: 6.6
+against 7.5-12 us a plan_round call in a hot loop; between an engine's iterations, with its work in the
+caches, a call costs 35-60 us either way, and a round of a few requests 110-170 us).
 
 Choices. The FIFO order and the buckets come from counting sorts (age keys and bucket numbers are small
 dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment, the lanes
@@ -95,6 +98,10 @@ class Round(NamedTuple):
     bucket_start: np.ndarray  # per bucket: where its members start in ``grouped``
     bucket_size: np.ndarray
     bucket_score: np.ndarray
+    n_aged: int  # the order's first n_aged waited past max_wait (oldest first)
+    order_rows: np.ndarray  # the rows of ``order``
+    aligned: np.ndarray  # the aligned order (segment indices, -1 padded) of the order's first n_align rows
+    moved: np.ndarray  # per such row: whether its aligned order differs from its prompt's
 
 
 class Dispatch(NamedTuple):
@@ -104,6 +111,9 @@ class Dispatch(NamedTuple):
     remaining_rows: np.ndarray  # the order's other rows, in order
     next_batch: np.ndarray  # per segment: n(r) over the requests that now head the order
     published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
+    changed: np.ndarray  # segments whose P̂ is positive and differs from the last publication's
+    dropped: np.ndarray  # segments whose P̂ fell to zero
+    fell: np.ndarray  # segments whose P̂ fell (the dropped ones included)
 
 
 @kernel
@@ -312,13 +322,37 @@ def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
 
 
 @kernel
-def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
+def _aged_first(order, queued, age, arrival, now, max_wait):
+    """The order with the requests that waited more than ``max_wait`` by ``now`` (``arrival`` by row) moved
+    to its head, oldest first; and how many moved."""
+    over = np.empty(order.shape[0], np.int64)
+    rest = np.empty(order.shape[0], np.int64)
+    a = b = 0
+    for p in order:
+        if now - arrival[queued[p]] > max_wait:
+            over[a] = p
+            a += 1
+        else:
+            rest[b] = p
+            b += 1
+    if a == 0:
+        return order, 0
+    over = over[:a]
+    over = over[np.argsort(age[over])]  # age keys are unique
+    return np.concatenate((over, rest[:b])), a
+
+
+@kernel
+def plan_round(prompts, params, queued, age, active, next_batch, batch_hint, arrival, now, max_wait, n_align):
     """One QAS round over the ``queued`` rows (in queue order).
 
     ``age``: a unique key per queued request that sorts it in FIFO (arrival, id) order; ``active`` and
     ``next_batch``: a(r) and n(r) over the predicted next batch, per segment; ``batch_hint``: how many
     requests form a bucket's provisional batch. A bucket's utility U(b) is the mean over its distinct
-    reusable segments of P(r; its provisional batch), its score alpha_size·|b| + beta_util·U(b).
+    reusable segments of P(r; its provisional batch), its score alpha_size·|b| + beta_util·U(b). Requests
+    that waited more than ``max_wait`` (``arrival`` by row) go first, oldest first (the starvation bound; inf:
+    none). The first ``n_align`` requests of the order are aligned too, the ones an engine is about to take
+    (a call of :func:`aligned_row` each would cost more than the round).
     """
     prompts, params = Prompts(*prompts), Params(*params)
     base = params.w_a * active + params.w_g * segment_counts(prompts, queued, active.shape[0])
@@ -329,14 +363,25 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint):
     else:
         bucket_key = np.zeros(queued.shape[0], np.int64)
     order, cold, grouped, start, size, score = order_queue(prompts, queued, age, bucket_key, base, params, batch_hint)
-    return Round(base, prio, order, cold, grouped, start, size, score)
+    order, n_aged = _aged_first(order, queued, age, arrival, now, max_wait)
+    order_rows = queued[order]
+    head = order_rows[:n_align]
+    aligned = _aligned_top(prompts, head, prio, max(prompts.width - 1, 1), params.f_front)
+    moved = np.zeros(head.shape[0], np.bool_)
+    for i in range(head.shape[0]):
+        for j in range(prompts.n_reusable[head[i]]):
+            if aligned[i, j] != prompts.segments[head[i], 1 + j]:
+                moved[i] = True
+    return (base, prio, order, cold, grouped, start, size, score,  # a Round's fields (module docstring: Cost)
+            n_aged, order_rows, aligned, moved)
 
 
 @kernel
-def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
+def dispatch(prompts, order_rows, taken, base, w_n, n_segments, last_published):
     """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
-    taken, the rows that remain, the next batch (the first ``len(taken)`` of them) and the published
-    P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base)."""
+    taken, the rows that remain, the next batch (the first ``len(taken)`` of them), the published
+    P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base), and how
+    it differs from ``last_published`` (:func:`changes`; one call for both: a call costs more than either)."""
     prompts = Prompts(*prompts)
     base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
     sorted_taken = np.sort(taken)  # membership by binary search: O(queue · log taken), not O(rows registered)
@@ -352,9 +397,10 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments):
             remaining_rows[k] = order_rows[p]
             k += 1
     remaining_rows = remaining_rows[:k]
-    return Dispatch(taken_positions[:t], remaining_rows,
-                    segment_counts(prompts, remaining_rows[:taken.shape[0]], n_segments),
-                    priority(base, segment_counts(prompts, taken, n_segments), w_n))
+    published = priority(base, segment_counts(prompts, taken, n_segments), w_n)
+    changed, dropped, fell = changes(published, last_published)
+    return (taken_positions[:t], remaining_rows,  # a Dispatch's fields
+            segment_counts(prompts, remaining_rows[:taken.shape[0]], n_segments), published, changed, dropped, fell)
 
 
 @kernel
