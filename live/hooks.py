@@ -4,6 +4,7 @@ One :class:`LiveState` per scheduler process holds the policy objects (built by 
 simulator's), their shared :class:`~prism.policies.base.DemandHints`, the radix cache, the pacer and the
 counters. The hooks, in the order of one scheduler iteration:
 
+* ``Scheduler.ingest_requests`` (around): SGLang's request intake, timed as its scheduling CPU (below);
 * ``Scheduler._add_request_to_queue`` (around): a new arrival without segment metadata gets its layout from the
   run's table by its ``rid`` (requests that came through sglang-router, which drops ``custom_params``); the
   chat path's and every request's segments are counted; with a front end, the arrival is held in a window
@@ -19,8 +20,9 @@ counters. The hooks, in the order of one scheduler iteration:
 * ``ScheduleBatch.prepare_for_extend`` (before): the requests admitted this iteration, before the batch's KV
   is allocated (and anything evicted): active counts, lanes, ``on_dispatch`` (QAS publishes P̂ to DART);
 * ``Scheduler.run_batch`` (around): paces the forward pass and logs each request's prefill start and end;
-* ``Scheduler.process_batch_result`` (around): with ``get_next_batch_to_run``, SGLang's own scheduling CPU
-  time, against which prism's is measured (DESIGN §6's overhead budget);
+* ``Scheduler.process_batch_result`` (around): with ``ingest_requests`` and ``get_next_batch_to_run``,
+  SGLang's own scheduling CPU time, against which prism's is measured (DESIGN §6's overhead budget: every
+  hook of prism's runs inside one of those three spans, so its time comes off SGLang's side);
 * ``ScheduleBatch.retract_decode`` (after): counts retractions and the output tokens they drop; a retracted
   request's new admission counts its re-prefilled and re-hit tokens (the simulator's counters);
 * ``Scheduler.get_internal_state`` (after): the counters appear in ``GET /server_info`` under
@@ -98,9 +100,8 @@ def prime(scheduler) -> None:
     scheduler.on_dispatch(plan.order[:4], ctx)
 
 
-def _plugin_time(fn, outside: bool = False):
-    """Count the wrapped hook's time as prism's (DESIGN §6: the overhead budget); ``outside``: a hook that runs
-    outside the scheduling spans ``scheduler_s`` measures (request intake), so not to be subtracted from them."""
+def _plugin_time(fn):
+    """Count the wrapped hook's time as prism's (DESIGN §6: the overhead budget)."""
     name = fn.__name__
 
     def timed(*args, **kwargs):
@@ -113,15 +114,9 @@ def _plugin_time(fn, outside: bool = False):
                 dt = time.perf_counter() - t0
                 st.plugin_s += dt
                 st.plugin_parts[name] += dt
-                if outside:
-                    st.outside_s += dt
 
     timed.__name__, timed.__doc__ = fn.__name__, fn.__doc__
     return timed
-
-
-def _intake_time(fn):
-    return _plugin_time(fn, outside=True)
 
 
 @dataclass
@@ -216,9 +211,9 @@ class LiveState:
         self.metrics = None  # Prometheus gauges, once SGLang's --enable-metrics is seen (prism.live.metrics)
         self.plugin_parts: Counter = Counter()  # the same by hook
         self.plugin_s = 0.0  # CPU time in prism's hooks (plans, realignment, admission, protection set, anchors)
-        self.scheduler_s = 0.0  # SGLang's scheduling around the forward (batch selection, result handling)
-        self.outside_s = 0.0  # the part of plugin_s spent outside those spans (request intake)
+        self.scheduler_s = 0.0  # SGLang's scheduling around the forward (intake, batch selection, results)
         self.scheduler_busy_s = 0.0  # scheduler_s of the loop iterations that ran a batch
+        self._intake_s = 0.0  # this loop iteration's intake, busy if the iteration runs a batch
 
     # ---------------------------------------------------------------- engine state
     def context(self) -> SchedContext:
@@ -258,7 +253,7 @@ class LiveState:
         belongs to no run."""
         self.counters.clear()
         self.plan = None
-        self.plugin_s = self.scheduler_s = self.outside_s = self.scheduler_busy_s = 0.0
+        self.plugin_s = self.scheduler_s = self.scheduler_busy_s = self._intake_s = 0.0
         self.plugin_parts.clear()
         if self.cache is not None:
             self.cache.plugin_s = 0.0
@@ -366,12 +361,12 @@ class LiveState:
         if self.cache is not None:
             out["plugin_cpu_ms_cache"] = round(self.cache.plugin_s * 1e3, 3)
         out["scheduler_cpu_ms"] = round(self.scheduler_s * 1e3, 3)
-        own = self.scheduler_s - (plugin_s - self.outside_s)  # prism's time inside SGLang's spans comes off
+        own = self.scheduler_s - plugin_s  # prism's hooks run inside SGLang's spans: their time comes off
         out["plugin_overhead"] = round(plugin_s / own, 5) if own > 0 else 0.0
         # the same over the iterations that ran a batch only: the idle loop's polls (no prism work, their number
         # set by how long the machine lets the loop spin) left out of SGLang's side
         out["scheduler_busy_cpu_ms"] = round(self.scheduler_busy_s * 1e3, 3)
-        busy = self.scheduler_busy_s - (plugin_s - self.outside_s)
+        busy = self.scheduler_busy_s - plugin_s
         out["plugin_overhead_busy"] = round(plugin_s / busy, 5) if busy > 0 else 0.0
         if self.counters["chat_sglang_us"]:  # the chat path: the rule's CPU time against SGLang's conversion
             out["chat_overhead"] = round(self.counters["chat_layout_us"] / self.counters["chat_sglang_us"], 5)
@@ -410,6 +405,18 @@ def _make_cache(ctx):
     return st.cache
 
 
+def around_ingest(orig, sched, *args, **kwargs):
+    """SGLang's intake of new requests (which runs prism's arrival hooks): its scheduling time too."""
+    st = state()
+    t0 = time.perf_counter()
+    try:
+        return orig(sched, *args, **kwargs)
+    finally:
+        dt = time.perf_counter() - t0
+        st.scheduler_s += dt
+        st._intake_s += dt
+
+
 def around_next_batch(orig, sched, *args, **kwargs):
     st = state()
     st.sched = sched
@@ -425,7 +432,8 @@ def around_next_batch(orig, sched, *args, **kwargs):
         dt = time.perf_counter() - t0
         st.scheduler_s += dt
         if getattr(plan, "batch_to_run", plan) is not None:  # an iteration that runs a batch (not an idle poll)
-            st.scheduler_busy_s += dt
+            st.scheduler_busy_s += dt + st._intake_s
+        st._intake_s = 0.0
 
 
 def around_process_result(orig, sched, *args, **kwargs):
@@ -469,15 +477,12 @@ class _Enqueue:
         self.enqueue(self.sched, req)
         self.spent += time.perf_counter() - t0
 
-    def not_ours(self, st: LiveState, hook: str, outside: bool = False) -> None:
-        """``outside``: the hook runs outside SGLang's measured spans (intake), where this time is neither's."""
+    def not_ours(self, st: LiveState, hook: str) -> None:
         st.plugin_s -= self.spent  # the hook's wrapper adds the whole call's time
         st.plugin_parts[hook] -= self.spent
-        if outside:
-            st.outside_s -= self.spent
 
 
-@_intake_time
+@_plugin_time
 def _arrive(st: LiveState, req) -> None:
     """A request without segment metadata gets its run's layout by rid; counted: segments by kind, and what the
     chat path did (:mod:`prism.live.chat`) with its CPU time beside SGLang's own conversion."""
@@ -504,11 +509,11 @@ def _arrive(st: LiveState, req) -> None:
         c[f"segments_{kind}"] += 1
 
 
-@_intake_time
+@_plugin_time
 def _hold(st: LiveState, req, retracted: bool, sched) -> bool:
     put = _Enqueue(st, sched)
     held = st.front.hold(req, retracted, time.monotonic(), st.cache, put, _in_backend(st, sched))
-    put.not_ours(st, "_hold", outside=True)
+    put.not_ours(st, "_hold")
     return held
 
 
@@ -622,6 +627,7 @@ def install(config_path: str) -> None:
     if BACKEND not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND, _make_cache)
     m, s = "sglang.srt.managers", "sglang.srt.managers.scheduler.Scheduler"
+    HookRegistry.register(f"{s}.ingest_requests", around_ingest, HookType.AROUND)
     HookRegistry.register(f"{s}.get_next_batch_to_run", around_next_batch, HookType.AROUND)
     HookRegistry.register(f"{s}.run_batch", around_run_batch, HookType.AROUND)
     HookRegistry.register(f"{s}.process_batch_result", around_process_result, HookType.AROUND)

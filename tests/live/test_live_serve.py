@@ -111,6 +111,13 @@ def test_chat_requests_get_their_segments_and_run_qas_and_dart(served, chat_toke
     # DART's tiers: the second and third requests hit the system prompt and documents the first cached
     assert sum(v for k, v in delta.items() if k.startswith("hit_tokens_")) > 0, delta
     assert c["chat_overhead"] > 0 and c["plugin_cpu_ms_arrive"] > 0
+    # the overhead budget's two sides: prism's hooks by part add up, and they ran inside SGLang's spans
+    # (intake, batch selection, results), whose time is the larger
+    parts = [v for k, v in c.items() if k.startswith("plugin_cpu_ms_")]
+    assert sum(parts) == pytest.approx(c["plugin_cpu_ms"], abs=0.01 * len(parts))
+    assert c["scheduler_cpu_ms"] > c["scheduler_busy_cpu_ms"] > c["plugin_cpu_ms"] > 0
+    assert c["plugin_overhead"] == pytest.approx(c["plugin_cpu_ms"] / (c["scheduler_cpu_ms"] - c["plugin_cpu_ms"]),
+                                                 abs=1e-5)  # rounded to 5 places
     time.sleep(0.6)
     _chat(DOCS[2:3], "One more.")  # its batches save the counters (twice a second): the gauges follow them
     with urllib.request.urlopen(URL + "/metrics", timeout=10) as r:
