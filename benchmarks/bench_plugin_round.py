@@ -4,11 +4,11 @@ CPU's caches (#29's overhead budget).
 A live server runs a round every scheduler iteration, after SGLang's and torch's own work has evicted prism's
 code and data from the caches: there, a round of two or three waiting requests costs several times what the
 same round costs in a hot loop (measured in the plugin: about 300 us against 30-40 us). This benchmark runs
-rounds of a small queue (plan, the admitted request's alignment, the dispatch) with and without a stretch of
-other work between them (a matrix product and a pass over 16 MB), and the kernel call alone boxed as the
+rounds of a small queue that the engine takes whole, as it does below the knee (the plan, each request's
+alignment, the dispatch), with and without a stretch of other work between them (a matrix product and a pass over 16 MB), and the kernel call alone boxed as the
 named tuple it once returned and as the plain tuple it returns now (``policies/qas_round.py``'s *Cost*).
 
-    python benchmarks/bench_plugin_round.py [--rounds 3000] [--out FILE.json]
+    python benchmarks/bench_plugin_round.py [--rounds 3000] [--queue 2] [--out FILE.json]
 
 Prints per-round medians in microseconds of thread CPU time (the quartiles in the JSON). Compare commits by
 running it on each in turn: the machine's noise is large, take the medians of several runs.
@@ -56,6 +56,7 @@ def _quartiles(samples: list[float]) -> dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3000, help="rounds per measurement (default 3000)")
+    ap.add_argument("--queue", type=int, default=2, help="requests a round plans (default 2)")
     ap.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -73,20 +74,20 @@ def main(argv=None) -> int:
         return _SyntheticRequest(rid, [system, *passages[rid % 50:rid % 50 + 3], table.segment(f"q{rid}", PRIV, 4)])
 
     work = _engine_work()
-    waiting = [arrival() for _ in range(3)]
     results = {}
     for label, between in (("round_cold", work), ("round_hot", None)):
         samples = []
         for k in range(args.rounds):
-            ctx = SchedContext(float(k), _EmptyIndex(), (), hints, batch_hint=1)
+            waiting = [arrival() for _ in range(args.queue)]
+            ctx = SchedContext(float(k), _EmptyIndex(), (), hints, batch_hint=args.queue)
             if between is not None:
                 between()
             t0 = time.thread_time()
             plan = qas.plan(waiting, ctx)
-            plan.align.get(plan.order[0].id)
-            qas.on_dispatch(plan.order[:1], ctx)
+            for r in plan.order:
+                plan.align.get(r.id)
+            qas.on_dispatch(list(plan.order), ctx)
             samples.append(time.thread_time() - t0)
-            waiting = list(plan.order[1:]) + [arrival()]
         results[label] = _quartiles(samples)
 
     from numba import njit
