@@ -405,8 +405,9 @@ def _make_cache(ctx):
     return st.cache
 
 
-def around_ingest(orig, sched, *args, **kwargs):
-    """SGLang's intake of new requests (which runs prism's arrival hooks): its scheduling time too."""
+def _sglang_span(orig, sched, args, kwargs, busy: bool):
+    """Run one of SGLang's scheduling spans, timed as SGLang's: ``busy`` counts it as a busy iteration's at
+    once; else (intake) it counts once the iteration is seen to run a batch (``around_next_batch``)."""
     st = state()
     t0 = time.perf_counter()
     try:
@@ -414,7 +415,15 @@ def around_ingest(orig, sched, *args, **kwargs):
     finally:
         dt = time.perf_counter() - t0
         st.scheduler_s += dt
-        st._intake_s += dt
+        if busy:
+            st.scheduler_busy_s += dt
+        else:
+            st._intake_s += dt
+
+
+def around_ingest(orig, sched, *args, **kwargs):
+    """SGLang's intake of new requests (which runs prism's arrival hooks): its scheduling time too."""
+    return _sglang_span(orig, sched, args, kwargs, busy=False)
 
 
 def around_next_batch(orig, sched, *args, **kwargs):
@@ -437,14 +446,7 @@ def around_next_batch(orig, sched, *args, **kwargs):
 
 
 def around_process_result(orig, sched, *args, **kwargs):
-    st = state()
-    t0 = time.perf_counter()
-    try:
-        return orig(sched, *args, **kwargs)
-    finally:
-        dt = time.perf_counter() - t0
-        st.scheduler_s += dt
-        st.scheduler_busy_s += dt
+    return _sglang_span(orig, sched, args, kwargs, busy=True)
 
 
 def around_add_to_queue(orig, sched, req, *args, **kwargs):
