@@ -5,8 +5,9 @@ A live server runs a round every scheduler iteration, after SGLang's and torch's
 code and data from the caches: there, a round of two or three waiting requests costs several times what the
 same round costs in a hot loop (measured in the plugin: about 300 us against 30-40 us). This benchmark runs
 rounds of a small queue that the engine takes whole, as it does below the knee (the plan, each request's
-alignment, the dispatch), with and without a stretch of other work between them (a matrix product and a pass over 16 MB), and the kernel call alone boxed as the
-named tuple it once returned and as the plain tuple it returns now (``policies/qas_round.py``'s *Cost*).
+alignment, the dispatch), with and without a stretch of other work between them (a matrix product and a pass
+over 16 MB), and the kernel call alone boxed as the named tuple it once returned and as the plain tuple it
+returns now (``policies/qas_round.py``'s *Cost*).
 
     python benchmarks/bench_plugin_round.py [--rounds 3000] [--queue 2] [--out FILE.json]
 

@@ -187,7 +187,8 @@ class PrismRadixCache(RadixCache):
         """Split the first ``length`` tokens off a node this insert made, for an anchor: SGLang's ``_split_node``
         (``radix_cache.py``) less what a fresh node does without: its value is this insert's own copy, so both
         parts are views of it (no clones), and it has no page hashes yet (they are computed when its KV event
-        is sent). About 40% of the anchors' cost was those clones and hash splits."""
+        is sent). Measured on a 150-request zipf run: the anchors' splits took 22 ms with SGLang's, 11-14 ms
+        with this."""
         if node.hash_value is not None or node.event_hash_value is not None:  # hashed already: SGLang splits them
             return super()._split_node(node.key, node, length)
         upper = TreeNode(priority=node.priority)

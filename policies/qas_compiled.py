@@ -262,7 +262,7 @@ class CompiledQAS(QAS):
         n_segments = len(table.segment_names)
         age = table.age_key(queued)
         self._k = k = self._kernels(len(queued))
-        wait = self.config.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
+        wait = cfg.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
         rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age,  # by P(r; ∅): no next batch
                                   self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting),
                                   table.arrival, ctx.now, wait, min(ctx.batch_hint, len(waiting))))

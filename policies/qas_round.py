@@ -13,14 +13,15 @@ three passes over the queued rows, O(S) in queued segment occurrences S:
    signatures share a bucket;
 3. buckets, their scores and the admission order: the cold lane, then the buckets by descending score.
 
-Inputs and outputs are named tuples (:class:`Prompts`, :class:`Params`, :class:`Round`,
-:class:`Dispatch`), which numba passes as structs. Python calls a kernel once per round, once per dispatch
-and once per admitted request's alignment, and a call's fixed cost is most of a small round: so the entry
-points take Prompts and Params as plain tuples of their fields (``tuple(Prompts(...))``) and name them first
-thing, and return a Round's or a Dispatch's fields as a plain tuple that the caller names, because numba
-types and boxes a plain tuple in C but a named one in Python (``benchmarks/bench_plugin_round.py``: 6.6
-against 7.5-12 us a plan_round call in a hot loop; between an engine's iterations, with its work in the
-caches, a call costs 35-60 us either way, and a round of a few requests 110-170 us).
+Inputs and outputs are named tuples (:class:`Prompts`, :class:`Params`, :class:`Round`, :class:`Dispatch`),
+which numba passes as structs. Python calls a kernel once per round and once per dispatch (the round aligns
+the head of its order; an admitted request past it costs an alignment call), and a call's fixed cost is most
+of a small round: so the entry points take Prompts and Params as plain tuples of their fields
+(``tuple(Prompts(...))``) and name them first thing, and return a Round's or a Dispatch's fields as a plain
+tuple that the caller names, because numba types and boxes a plain tuple in C but a named one in Python
+(``benchmarks/bench_plugin_round.py``: 6.6 against 7.5-12 us a plan_round call in a hot loop; between an
+engine's iterations, with its work in the caches, a call costs 35-60 us either way, and a round of a few
+requests 110-250 us).
 
 Choices. The FIFO order and the buckets come from counting sorts (age keys and bucket numbers are small
 dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment, the lanes
