@@ -29,6 +29,9 @@ it is unless moving gains more than τ (the paper publishes no value: a knob). W
   weights by more than ``min_kv_bytes`` (otherwise its KVPR would be negative or infinite); a model with no
   candidate stays unplaced (the caller evicts or waits); a model's current GPU that is no longer a candidate
   does not keep it;
+* a model with a KV floor (``ModelLoad.min_kv_bytes``: a fixed pool that must hold its largest request) goes only
+  where the floors and weights of the models placed there and its own fit together (a static partition gives
+  each resident its floor at once);
 * ties go to the lowest GPU index; a model without a current GPU (new, or woken) takes the best GPU;
 * **tensor parallelism** (App. A.2.2): a model of tp GPUs is tp entries with 1/tp of its weights and rate (so
   1/tp of d); an entry does not go where another entry of its model is ("we instead assign it to the GPU
@@ -64,10 +67,11 @@ class ModelLoad:
     tpot_slo_s: float
     tp: int = 1
     current: tuple[int, ...] = ()  # the GPUs its entries are on now, in entry order (empty: not resident)
+    min_kv_bytes: float = 0.0  # all shards: KV it must own beside the other residents' (a fixed pool's floor)
 
     def __post_init__(self) -> None:
         for field_name, positive in (("token_rate", False), ("kv_bytes_per_token", True), ("weight_bytes", False),
-                                     ("tpot_slo_s", True)):
+                                     ("tpot_slo_s", True), ("min_kv_bytes", False)):
             value = getattr(self, field_name)
             if not math.isfinite(value) or value < 0 or (positive and value == 0):
                 raise UserError(f"field {field_name!r}: must be a finite number {'> 0' if positive else '>= 0'}, "
@@ -107,23 +111,28 @@ class Placement:
 
 @dataclass
 class _Fleet:
-    """Algorithm 1's per-GPU state: w_token_rate (Σd) and shared_kv (C − Σw)."""
+    """Algorithm 1's per-GPU state: w_token_rate (Σd) and shared_kv (C − Σw), and what the models' own KV floors
+    leave (C − Σ(w + floor))."""
 
     demand: list[float]
     shared: list[float]
     nodes: Sequence[int]
     min_kv_bytes: float
 
+    def __post_init__(self) -> None:
+        self.unfloored = list(self.shared)
+
     def ratio(self, i: int) -> float:
         return self.demand[i] / self.shared[i] if self.shared[i] > 0 else math.inf
 
-    def candidates(self, weight: float, exclude: Container[int], node: int | None) -> list[int]:
+    def candidates(self, weight: float, floor: float, exclude: Container[int], node: int | None) -> list[int]:
         return [i for i in range(len(self.shared)) if i not in exclude and (node is None or self.nodes[i] == node)
-                and self.shared[i] - weight > self.min_kv_bytes]
+                and self.shared[i] - weight > self.min_kv_bytes and self.unfloored[i] - weight - floor >= 0]
 
-    def add(self, i: int, demand: float, weight: float, sign: int = 1) -> None:
+    def add(self, i: int, demand: float, weight: float, floor: float = 0.0, sign: int = 1) -> None:
         self.demand[i] += sign * demand
         self.shared[i] -= sign * weight
+        self.unfloored[i] -= sign * (weight + floor)
 
 
 def _check(models: Sequence[ModelLoad], capacities: Sequence[float], nodes: Sequence[int]) -> None:
@@ -174,20 +183,20 @@ def place(models: Sequence[ModelLoad], capacities: Sequence[float], tau: float =
 
 def _place_model(m: ModelLoad, fleet: _Fleet, tau: float) -> tuple[int, ...] | None:
     """Lines 5-11 for each of the model's entries; None (and nothing placed) if one has no candidate."""
-    d, w = m.demand / m.tp, m.weight_bytes / m.tp
+    d, w, floor = m.demand / m.tp, m.weight_bytes / m.tp, m.min_kv_bytes / m.tp
     chosen: list[int] = []
     for j in range(m.tp):
         node = fleet.nodes[chosen[0]] if chosen else None
-        cands = fleet.candidates(w, chosen, node)
+        cands = fleet.candidates(w, floor, chosen, node)
         if not cands:
             for i in chosen:
-                fleet.add(i, d, w, -1)
+                fleet.add(i, d, w, floor, -1)
             return None
         best = min(cands, key=fleet.ratio)  # the first of equal ratios: the lowest index
         current = m.current[j] if m.current else None
         if current in cands and not fleet.ratio(current) - fleet.ratio(best) > tau:
             best = current
-        fleet.add(best, d, w)
+        fleet.add(best, d, w, floor)
         chosen.append(best)
     return tuple(chosen)
 

@@ -53,6 +53,7 @@ class ModelView(Protocol):
     name: str
     tp: int
     weight_bytes: float  # all shards
+    mapped_weight_bytes: float  # one GPU's shard in whole pages of its memory: what its weights take there
     min_kv_bytes: float  # KV of its largest request in whole blocks (all shards): what it needs to serve at all
     kv_bytes_per_token: float  # all shards
     ttft_slo_s: float

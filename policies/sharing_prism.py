@@ -16,7 +16,8 @@ and one deadline-ordered request queue per GPU.
   of the fleet's mean KVPR, since KVPR's units scale with the load; the paper publishes no value). Default 1:
   measured on ``traces/multimodel.yaml`` on 2 GPUs, τ = 0.3 / 1 / 3 moved models 33 / 2 / 0 times in 600 s (the
   paper: 3 migrations in its 10-minute run of 8 models on 2 GPUs) for 0.952 / 0.966 / 0.979 attainment: a move
-  costs the model its cached prefixes and a reload.
+  costs the model its cached prefixes and a reload. A move starts only where its weights fit now beside the
+  copies there (:meth:`PrismSharing._startable`); the rest wait for a later tick.
 * **Local arbitration**: ``queue: deadline`` orders each GPU's waiting requests of all its models by
   Moore-Hodgson on TTFT deadlines (``policies/moore_hodgson.py``); ``fcfs`` is the ablation.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from prism.config import choice, nonneg, positive
 from prism.policies.placement import ModelLoad, idle_models, place, place_woken
@@ -64,14 +66,18 @@ class PrismSharing(SharingScheme):
         self.queue, self.interval_s = k.queue, k.interval_s
         self.engine_pool, self.parallel_links = k.engine_pool, k.parallel_links
 
-    def _gpu_loads(self, fleet: FleetView, skip: str = "") -> list[tuple[float, float]]:
-        """(Σd, Σw) per GPU over the models with weights there (``skip`` aside), shares of TP models split."""
+    def _gpu_loads(self, fleet: FleetView, planned: Sequence[Action] = ()) -> list[tuple[float, float]]:
+        """(Σd, Σw) per GPU over the models with weights there, shares of TP models split, as they will be after
+        the ``planned`` actions (decided but not yet carried out; a moving model is on both its old and new GPUs
+        while it moves)."""
+        gone = {a.model for a in planned if a.kind == "evict"}
+        coming = {a.model: a.gpus for a in planned if a.kind == "activate"}
+        moving = {a.model: a.gpus for a in planned if a.kind == "migrate"}
         loads = [[0.0, 0.0] for _ in fleet.gpus]
         for m in fleet.models.values():
-            if m.state == EVICTED or m.name == skip:
-                continue
+            gpus = coming.get(m.name, () if m.state == EVICTED or m.name in gone else m.gpus)
             d = _load(m, False).demand
-            for g in m.gpus:
+            for g in (*gpus, *moving.get(m.name, ())):
                 loads[g][0] += d / m.tp
                 loads[g][1] += m.weight_bytes / m.tp
         return [(d, w) for d, w in loads]
@@ -94,30 +100,39 @@ class PrismSharing(SharingScheme):
         return max(m.min_kv_bytes for m in fleet.models.values())
 
     def wake(self, fleet: FleetView, model: str) -> list[Action]:
+        return self._wake(fleet, model, [])
+
+    def _wake(self, fleet: FleetView, model: str, planned: list[Action]) -> list[Action]:
+        """The actions that activate ``model``, after the ``planned`` ones of the same decision (several models
+        woken at once must not count the same free memory twice)."""
         m = fleet.models[model]
         caps = [g.capacity_bytes for g in fleet.gpus]
         nodes = [g.node for g in fleet.gpus]
         room = self._room(fleet)
-        gpus = place_woken(_load(m, False), self._gpu_loads(fleet), caps, nodes, room)
+        gpus = place_woken(_load(m, False), self._gpu_loads(fleet, planned), caps, nodes, room)
         if gpus is not None:
             return [activate(model, gpus)]
         # memory is needed: evict idle models, longest idle first, where that makes room
+        taken = {a.model for a in planned}
         busy = {n for n, v in fleet.models.items() if v.busy or v.pending or v.state not in (ACTIVE, EVICTED)}
-        idle = idle_models({n: v.last_active for n, v in fleet.models.items() if v.state == ACTIVE}, busy,
-                           fleet.now, self.knobs.idle_s)
+        idle = idle_models({n: v.last_active for n, v in fleet.models.items() if v.state == ACTIVE and n not in taken},
+                           busy, fleet.now, self.knobs.idle_s)
         gone: list[str] = []
         for name in idle:
             gone.append(name)
-            loads = self._gpu_loads(fleet)
-            for other in gone:  # as if the evicted ones were gone
-                o = fleet.models[other]
-                d = _load(o, False).demand
-                for g in o.gpus:
-                    loads[g] = (loads[g][0] - d / o.tp, loads[g][1] - o.weight_bytes / o.tp)
-            gpus = place_woken(_load(m, False), loads, caps, nodes, room)
+            gpus = place_woken(_load(m, False), self._gpu_loads(fleet, [*planned, *map(evict, gone)]), caps, nodes,
+                               room)
             if gpus is not None:
                 return [*(evict(n) for n in gone if set(fleet.models[n].gpus) & set(gpus)), activate(model, gpus)]
         return []
+
+    def _wake_waiting(self, fleet: FleetView, planned: Sequence[Action] = ()) -> list[Action]:
+        """Models still waiting for room: try again, one after the other, after the ``planned`` actions."""
+        planned = list(planned)
+        for name, m in fleet.models.items():
+            if m.pending and m.state == EVICTED:
+                planned += self._wake(fleet, name, planned)
+        return planned
 
     def tick(self, fleet: FleetView) -> list[Action]:
         out: list[Action] = []
@@ -131,12 +146,24 @@ class PrismSharing(SharingScheme):
                 mean = sum(finite) / len(finite) if finite else 0.0
                 result = place([_load(m) for m in active], caps, self.knobs.tau * mean,
                                [g.node for g in fleet.gpus], self._room(fleet))
-                out += [migrate(n, result.gpus[n]) for n in result.moved]
-        for name, m in fleet.models.items():  # models still waiting for room: try again
-            if m.pending and m.state == EVICTED:
-                out += self.wake(fleet, name)
+                out += self._startable(fleet, [migrate(n, result.gpus[n]) for n in result.moved])
+        return self._wake_waiting(fleet, out)
+
+    def _startable(self, fleet: FleetView, moves: list[Action]) -> list[Action]:
+        """The moves whose weights fit on their GPUs now, beside the weights of every copy there (loading ones
+        too) and the fleet's largest request; the others wait for a later tick: a move that needs another model
+        to leave first could wait for it forever (two models trading GPUs each wait for the other's weights)."""
+        room = self._room(fleet)
+        left = {g.index: g.capacity_bytes - sum(fleet.models[n].mapped_weight_bytes for n in g.resident)
+                for g in fleet.gpus}
+        out = []
+        for a in moves:
+            weights = fleet.models[a.model].mapped_weight_bytes
+            if all(left[i] - weights > room for i in a.gpus):
+                for i in a.gpus:
+                    left[i] -= weights
+                out.append(a)
         return out
 
     def idle(self, fleet: FleetView, model: str) -> list[Action]:
-        return [a for name, m in fleet.models.items() if m.pending and m.state == EVICTED
-                for a in self.wake(fleet, name)]
+        return self._wake_waiting(fleet)

@@ -4,9 +4,9 @@ partition, DESIGN §9's baseline).
 Placement (:func:`static_placement`, shared with ``muxserve``): Prism's KV-pressure greedy (Algorithm 1,
 ``policies/placement.py``) run once, on each model's *expected* demand over the whole trace (its request rate ×
 mean tokens, the a-priori load a static deployment is sized for) rather than a measured one; every model must
-fit, or the fleet is too small for the scheme. Shares: what a GPU's memory leaves after its residents' weights,
-split among them in proportion to their expected demand (a model no request expects still gets the KV of its
-largest request)."""
+fit beside the others with the KV of its largest request (its floor), or the fleet is too small for the scheme.
+Shares: each resident's floor, and what a GPU's memory leaves after its residents' weights (in whole pages, as
+mapped) and floors, split among them in proportion to their expected demand."""
 
 from __future__ import annotations
 
@@ -19,15 +19,18 @@ class FleetTooSmall(UserError):
     """The scheme cannot place every model on this fleet (a sweep or a plan counts it as 0% attainment)."""
 
 
-def expected_load(m: ModelView) -> ModelLoad:
-    return ModelLoad(m.name, m.expected_rate * m.expected_tokens, m.kv_bytes_per_token, m.weight_bytes,
-                     m.tpot_slo_s, m.tp)
+def expected_load(m: ModelView, floor: bool = False) -> ModelLoad:
+    """The model's expected demand and its weights as its GPUs map them; ``floor``: with its KV floor (a fixed
+    pool that must hold its largest request beside the other residents')."""
+    return ModelLoad(m.name, m.expected_rate * m.expected_tokens, m.kv_bytes_per_token,
+                     m.mapped_weight_bytes * m.tp, m.tpot_slo_s, m.tp, min_kv_bytes=m.min_kv_bytes if floor else 0.0)
 
 
-def static_placement(fleet: FleetView, scheme: str) -> dict[str, tuple[int, ...]]:
-    """Algorithm 1 on the expected demand; raises :class:`FleetTooSmall` if a model does not fit."""
+def static_placement(fleet: FleetView, scheme: str, floors: bool) -> dict[str, tuple[int, ...]]:
+    """Algorithm 1 on the expected demand, every GPU keeping room for the fleet's largest request and, with
+    ``floors`` (fixed pools), for each resident's; raises :class:`FleetTooSmall` if a model does not fit."""
     models = list(fleet.models.values())
-    result = place([expected_load(m) for m in models], [g.capacity_bytes for g in fleet.gpus],
+    result = place([expected_load(m, floors) for m in models], [g.capacity_bytes for g in fleet.gpus],
                    nodes=[g.node for g in fleet.gpus], min_kv_bytes=max(m.min_kv_bytes for m in models))
     if result.unplaced:
         raise FleetTooSmall(f"{scheme}: {len(fleet.gpus)} GPUs cannot hold every model with room for its KV "
@@ -40,16 +43,16 @@ class Static(SharingScheme):
     elastic = False
 
     def start(self, fleet: FleetView) -> list[Action]:
-        self.placed = static_placement(fleet, self.name)
+        self.placed = static_placement(fleet, self.name, floors=True)
         return [activate(name, gpus) for name, gpus in self.placed.items()]
 
     def kv_limit(self, fleet: FleetView, gpu: int, model: str) -> float:
         """This model's share, in bytes of this GPU, of what the residents' weights leave."""
         residents = [fleet.models[n] for n, g in self.placed.items() if gpu in g]
-        left = fleet.gpus[gpu].capacity_bytes - sum(m.weight_bytes / m.tp for m in residents)
         floor = {m.name: m.min_kv_bytes / m.tp for m in residents}
         demand = {m.name: expected_load(m).demand / m.tp for m in residents}
-        spare = left - sum(floor.values())
+        spare = (fleet.gpus[gpu].capacity_bytes - sum(m.mapped_weight_bytes for m in residents)
+                 - sum(floor.values()))  # >= 0: the placement kept room for every floor
         total = sum(demand.values())
         share = demand[model] / total if total > 0 else 1 / len(residents)
-        return floor[model] + max(0.0, spare) * share
+        return floor[model] + spare * share

@@ -18,7 +18,8 @@ on every decode step that needs no retraction, down to ``init × SGLANG_MIN_NEW_
 and returns to ``init`` when the scheduler goes idle. When a decode step finds no KV for one token per running
 request even after evicting every unlocked leaf (``check_decode_mem``), ``retract_decode``
 (``managers/schedule_batch.py``) gives up requests from the end of the order below — fewest generated tokens
-first, the longest prompt first among equals — at least one, then until the step fits, always keeping one.
+first, the longest prompt first among equals — at least one, then until the step fits, always keeping one
+(but on a pool shared with other models, ``Engine.shared_pool``, where one may not fit: then none).
 Each retracted request frees its KV without inserting it into the tree (its prompt, inserted after prefill,
 stays cached and becomes evictable), ``(kept requests) × SGLANG_RETRACT_DECODE_STEPS`` (20) tokens are made
 free by evicting, and the request goes back to the waiting queue: it will be prefilled again, prompt and
@@ -123,7 +124,8 @@ class SGLangRule:
         step = eng.step
         order = keep_order(list(eng.active.values()), lambda s: s.generated(step), lambda s: s.prompt_len)
         retracted = []
-        while len(order) > 1 and (not retracted or len(order) > eng.reclaimable()):
+        keep = 0 if eng.shared_pool else 1  # SGLang's own pool holds any one request; a shared one may not
+        while len(order) > keep and (not retracted or len(order) > eng.reclaimable()):
             seq = order.pop()
             eng.retract(seq)
             retracted.append(seq)

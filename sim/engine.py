@@ -22,8 +22,9 @@ Each iteration lasts what the calibrated cost model says. An engine that shares 
 engines (``sim/fleet.py``) has a *host*: before an iteration it waits for the GPU's compute (``acquire``) and
 learns its current KV capacity (``refresh``: the pages it may map now), after allocating it reports its KV
 (``settle``, which returns the seconds the page mapping adds to the iteration), and after the iteration it lets
-the GPU go (``release``). Without a host (a single engine, a
-cluster, a dedicated GPU) none of this runs. The prompt (or its processed part) is inserted
+the GPU go (``release``). A pool shared with other models' (``shared_pool``: elastic KV) may not have a token
+left even for one running request, which SGLang's own pool always has: then every running request is retracted
+and the engine waits for pages. Without a host (a single engine, a cluster, a dedicated GPU) none of this runs. The prompt (or its processed part) is inserted
 into the radix cache after each prefill chunk and stays locked while the request runs; the full sequence
 (prompt and generated tokens) is inserted when the request finishes, and then unlocked.
 """
@@ -123,6 +124,7 @@ class Engine:
         self.on_finish, self.on_admit = on_finish, on_admit
         self.events = events
         self.host = host  # the shared GPU it runs on, where it has one (module docstring)
+        self.shared_pool = False  # its KV pages come from a pool other models map from too (module docstring)
         self.counters: Counter = Counter()
         self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
         self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
@@ -192,6 +194,11 @@ class Engine:
                 self.rule.before_decode(self)  # SGLang: retract if one token each does not fit
                 if ev is not None:
                     ev.decode_checked(self)
+                if not self.decoding:  # a shared pool had no token left for any: all went back to the queue
+                    host.settle(self)
+                    host.release(self)
+                    self.batch_is_full = True  # until pages free (the idle branch waits for them)
+                    continue
                 n = len(self.decoding)
                 self.allocate(n)
                 self.decode_alloc += n

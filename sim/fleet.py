@@ -202,6 +202,10 @@ class Copy:
             engine.drop_cached(excess)
             self.settle(engine)
         reach = min(g.memory.reach_tokens(name) for g in self.gpus)
+        if max(0, reach - _used(engine)) + engine.cache.evictable_size < len(engine.decoding):
+            for g in self.gpus:  # no token for each running request: the others' reclaimable memory first
+                self.fleet.reclaim(g, self)
+            reach = min(g.memory.reach_tokens(name) for g in self.gpus)
         capacity = max(_used(engine), reach)
         if self.squeezed:
             engine.batch_is_full = True
@@ -273,6 +277,7 @@ class ModelServer:
         self.name, self.tp = served.name, served.tp
         m = profile.model
         self.weight_bytes = m.weight_bytes()
+        self.mapped_weight_bytes = pages_for_bytes(self.weight_bytes / self.tp) * PAGE_BYTES
         self.kv_bytes_per_token = m.kv_bytes_per_token(tp=self.tp) * self.tp  # all shards
         self.layout = KvLayout.of(m, self.tp)
         self.elastic = elastic
@@ -283,7 +288,8 @@ class ModelServer:
         self.expected_rate = len(requests) / span
         self.expected_tokens = (sum(r.prompt_len + r.output_len for r in requests) / len(requests)) if requests else 0.0
         biggest = max((r.prompt_len + r.output_len for r in requests), default=1)
-        self.min_kv_tokens = biggest + spec.engine.page_size
+        # SGLang admits only if prompt + max_new + one page < what is free (sim/admission.py): strictly less
+        self.min_kv_tokens = biggest + spec.engine.page_size + 1
         # its KV pool on GPUs of its own, as SGLang sizes it (checked against its requests, where it has any)
         self.pool_tokens = (spec.kv_capacity_of() if requests
                             else spec.engine.max_total_tokens or profile.kv_capacity_tokens)
@@ -515,8 +521,9 @@ class Fleet:
         """Map the weights once they fit (the others' KV squeezed meanwhile), then load them and start."""
         m, t0 = copy.model, self.env.now
         while not self._fits(copy):
+            changed = self.env.any_of([g.changed() for g in copy.gpus])  # before the squeeze: it may free pages
             self._squeeze(copy)
-            yield self.env.any_of([g.changed() for g in copy.gpus])
+            yield changed
         self._map(copy)
         self._unsqueeze(copy)
         gpu = self.gpu_profile
@@ -562,6 +569,7 @@ class Fleet:
         copy.instance, copy.engine = inst, inst.engine
         if m.elastic:
             inst.engine.capacity = inst.engine.cache.capacity = 0  # refreshed from its pools before each iteration
+            inst.engine.shared_pool = True
         elif copy.fixed_tokens != inst.engine.capacity:
             inst.engine.capacity = inst.engine.cache.capacity = copy.fixed_tokens
 

@@ -213,6 +213,68 @@ def test_fleet_invariants(spec):
     assert 0 <= f["attainment"] <= min(f["attainment_ttft"], f["attainment_tpot"]) <= 1
 
 
+#: fleets the invariants above once failed on (found by a longer search of the same space), each with what was
+#: wrong: (sharing, GPUs, fleet.utilization, compute, method, models, [(arrival, model, prompt, output)])
+FOUND = [
+    # static: shares of what the weights leave, with no room for every model's floor: a pool past the GPU
+    ("static", 3, 0.95, "serial", "prism", 4,
+     [(0.5, 0, 2454, 139), (0.5, 0, 791, 94), (0.51, 0, 191, 106), (1.01, 1, 1766, 54), (21.01, 2, 2345, 122)]),
+    # a model's load squeezes the others and waits: the squeeze itself freed the pages (the wait missed it)
+    ("prism", 1, 0.12, "parallel", "fcfs", 4,
+     [(0.01, 3, 1167, 56), (0.11, 1, 1489, 36), (0.12, 1, 2498, 15), (20.12, 0, 1392, 39), (20.12, 0, 1906, 139),
+      (20.12, 2, 1817, 41), (20.22, 1, 2837, 17), (20.32, 2, 1987, 114), (20.42, 1, 750, 149), (23.42, 0, 2730, 94),
+      (26.42, 0, 2428, 144), (46.42, 0, 1008, 43), (46.43, 0, 957, 60), (66.43, 0, 2015, 101), (86.43, 0, 2247, 93),
+      (86.44, 2, 1450, 37), (106.44, 2, 1869, 190), (126.44, 2, 2789, 80), (146.44, 2, 2190, 9),
+      (146.94, 1, 897, 39), (146.95, 0, 1063, 105)]),
+    # two models trade GPUs: each move waits for the other's weights to leave
+    ("prism", 2, 0.12, "serial", "fcfs", 4,
+     [(20.0, 0, 2948, 17), (20.0, 0, 1504, 118), (20.01, 0, 1458, 86), (23.01, 0, 2440, 132), (23.11, 3, 1033, 34),
+      (43.11, 1, 92, 17), (43.12, 2, 2890, 95), (43.13, 2, 1343, 40), (43.23, 0, 109, 31), (43.33, 1, 1161, 90),
+      (43.43, 1, 76, 117), (43.43, 1, 1495, 90), (63.43, 0, 1022, 162), (63.53, 1, 1302, 2), (63.53, 1, 2737, 40),
+      (63.63, 3, 1347, 101), (63.64, 2, 63, 184), (64.14, 3, 126, 83), (84.14, 1, 2932, 192), (84.14, 0, 1002, 169),
+      (84.64, 3, 2865, 102), (84.65, 3, 2231, 153), (84.66, 2, 1802, 29), (84.76, 2, 244, 133), (85.26, 3, 2558, 55)]),
+    # two models woken in one tick count the same evicted model's memory
+    ("prism", 1, 0.12, "parallel", "fcfs", 4,
+     [(0.01, 0, 687, 25), (0.01, 0, 760, 73), (3.01, 2, 2352, 61), (3.01, 2, 1328, 182), (23.01, 1, 168, 87),
+      (23.02, 2, 2806, 135), (23.12, 0, 2223, 191), (26.12, 2, 2377, 115), (29.12, 3, 2122, 64), (29.22, 3, 1396, 103),
+      (32.22, 2, 2955, 119), (32.22, 3, 813, 173), (52.22, 0, 1862, 122), (52.22, 0, 1773, 162), (52.72, 2, 1620, 111),
+      (52.73, 3, 992, 146)]),
+    # muxserve: a shared pool has no token left for its one running request (SGLang keeps one: its own pool
+    # always holds it)
+    ("muxserve", 1, 0.12, "parallel", "sglang", 3,
+     [(0.5, 1, 1057, 186), (0.6, 0, 1789, 179), (0.61, 2, 1888, 149), (0.61, 0, 2903, 25), (3.61, 0, 1721, 28),
+      (23.61, 0, 982, 103), (24.11, 2, 893, 14), (44.11, 0, 2790, 108), (47.11, 2, 1500, 147), (50.11, 2, 1647, 89),
+      (50.11, 1, 2167, 116), (50.11, 2, 2194, 32), (50.11, 0, 1474, 165), (53.11, 2, 1367, 26), (56.11, 2, 1393, 141),
+      (76.11, 0, 1833, 97), (79.11, 2, 2675, 169), (79.12, 0, 2794, 5), (79.13, 2, 1103, 82), (79.14, 2, 1568, 189)]),
+]
+
+
+@pytest.mark.parametrize("case", FOUND, ids=[f"{c[0]}-{i}" for i, c in enumerate(FOUND)])
+def test_fleets_the_invariants_once_failed_on(case):
+    sharing, gpus, utilization, compute, method, m, specs = case
+    models = [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b"), ("m2", "llama-3.2-3b"), ("m3", "qwen2.5-1.5b")][:m]
+    trace = multi_trace([(t, models[k][0], p, o) for t, k, p, o in specs], models)
+    audit = FleetAudit()
+    res = simulate(fleet_run(trace, sharing, gpus, method, utilization=utilization, compute=compute), events=audit)
+    assert sorted(r.id for r in res.records) == list(range(len(specs))) and audit.iterations > 0
+
+
+def test_a_static_partition_without_room_for_every_floor_is_refused_up_front():
+    """Three models' weights fill all but 200 pages of a GPU; Llama-3.2-3B's largest request (1,913 + 134
+    tokens) needs a pool of 2,049 tokens, as SGLang admits only below its pool (prompt + output + a page <
+    free): three blocks of 1,024 beside the others' floors do not fit. Static refuses at once (it once gave the
+    model 2,048 tokens, and the engine waited forever); muxserve's elastic pools take turns and serve all."""
+    from prism.policies.sharing_static import FleetTooSmall
+
+    models = [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b"), ("m2", "llama-3.2-3b")]
+    trace = multi_trace([(0.01, "m1", 2157, 67), (0.11, "m1", 2210, 191), (0.61, "m0", 1911, 88),
+                         (1.11, "m2", 1897, 134)], models)
+    with pytest.raises(FleetTooSmall, match=r"static: 1 GPUs cannot hold every model .*left out"):
+        simulate(fleet_run(trace, "static", 1, "sglang", utilization=0.12))
+    res = simulate(fleet_run(trace, "muxserve", 1, "sglang", utilization=0.12))
+    assert len(res.records) == 4
+
+
 def test_one_model_under_memory_pressure_on_the_elastic_pool():
     """The zipf trace's 2,048 requests on prism's elastic pool (its KV fills the GPU; cached prefixes are
     evicted to admit): every request served, the pool never maps more than it has and the engine never holds

@@ -59,6 +59,38 @@ def test_a_model_whose_gpu_no_longer_fits_it_moves_and_one_that_fits_nowhere_is_
     assert place([ms[0], model("b", 10, 30, current=(0,))], [100 * GB] * 2).gpus["b"] == (1,)
 
 
+def test_kv_floors_keep_room_for_every_residents_own_kv():
+    """A model with a KV floor (a static pool that must hold its largest request) goes only where its weights and
+    floor fit beside those already placed: by hand, then on random fleets (no GPU over its capacity, and floors
+    of 0 place exactly as none)."""
+    # a takes 50 GB + a 20 GB floor; b's 25 + 10 beside it make 105 GB: not on one GPU of 100, on one of 105
+    a = ModelLoad("a", 100, 131072.0, 50 * GB, 0.05, min_kv_bytes=20 * GB)
+    b = ModelLoad("b", 10, 131072.0, 25 * GB, 0.05, min_kv_bytes=10 * GB)
+    assert place([a, b], [100 * GB]).unplaced == ("b",)
+    assert place([a, b], [100 * GB]).gpus == {"a": (0,)}
+    assert place([a, b], [105 * GB]).gpus == {"a": (0,), "b": (0,)}
+    assert place([a, b], [100 * GB, 100 * GB]).gpus == {"a": (0,), "b": (1,)}
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n_gpu = int(rng.integers(1, 4))
+        ms = small_models(rng, int(rng.integers(1, 7)), 2, 30)
+        floors = [ModelLoad(m.name, m.token_rate, m.kv_bytes_per_token, m.weight_bytes, m.tpot_slo_s,
+                            min_kv_bytes=float(rng.uniform(0, 20)) * GB) for m in ms]
+        caps = [80 * GB] * n_gpu
+        p = place(floors, caps, min_kv_bytes=1 * GB)
+        for g in range(n_gpu):
+            assert sum(m.weight_bytes + m.min_kv_bytes for m in floors if p.gpus.get(m.name) == (g,)) <= caps[g]
+        for name in p.unplaced:  # left out only where no GPU had its weights and floor free
+            m = next(x for x in floors if x.name == name)
+            assert all(sum(x.weight_bytes + x.min_kv_bytes for x in floors if p.gpus.get(x.name) == (g,))
+                       + m.weight_bytes + m.min_kv_bytes > caps[g]
+                       or caps[g] - sum(x.weight_bytes for x in floors if p.gpus.get(x.name) == (g,))
+                       - m.weight_bytes <= 1 * GB for g in range(n_gpu))
+        assert place(ms, caps, min_kv_bytes=1 * GB) == place([ModelLoad(m.name, m.token_rate, m.kv_bytes_per_token,
+                                                                         m.weight_bytes, m.tpot_slo_s, min_kv_bytes=0.0)
+                                                              for m in ms], caps, min_kv_bytes=1 * GB)
+
+
 def test_tensor_parallel_entries_go_to_distinct_gpus_of_one_node():
     ms = [model("tp4", 4000, 40, tp=4), model("x", 3000, 8), model("y", 10, 8)]
     p = place(ms, [80 * GB] * 8, nodes=[0] * 4 + [1] * 4)
