@@ -55,11 +55,19 @@ class TimeShare(SharingScheme):
         return [*(evict(h) for h in holders), activate(model, home)]
 
     def idle(self, fleet: FleetView, model: str) -> list[Action]:
-        """The active model idles: swap in the model homed here whose oldest request has waited longest."""
-        home = fleet.models[model].gpus
-        waiting = [m for n, m in fleet.models.items() if m.pending and m.state not in (ACTIVE, LOADING)
-                   and set(self.home[n]) & set(home)]
-        if not waiting:
-            return []
-        nxt = min(waiting, key=lambda m: (m.oldest_pending, m.name))
-        return self.wake(fleet, nxt.name)
+        """A model idles: swap in the waiting models whose home GPUs have no busy engine, the one whose oldest
+        request has waited longest first. Not only those homed where the idle model is: a model of tp GPUs that
+        leaves frees GPUs another waiting model may be homed on alone."""
+        waiting = sorted((m for n, m in fleet.models.items() if m.pending and m.state not in (ACTIVE, LOADING)),
+                         key=lambda m: (m.oldest_pending, m.name))
+        out: list[Action] = []
+        taken: set[int] = set()  # GPUs this decision already swaps
+        for m in waiting:
+            home = set(self.home[m.name])
+            if home & taken:
+                continue
+            actions = self.wake(fleet, m.name)
+            if actions:
+                out += actions
+                taken |= home.union(*(fleet.models[a.model].gpus for a in actions if a.kind == "evict"))
+        return out

@@ -158,7 +158,7 @@ class Copy:
     # ---------------------------------------------------------------- the engine's host
     def acquire(self, engine: Engine):
         """Wait for the copy's GPUs (None: they are its now; a GPU without shared compute is never waited for)."""
-        gpus = [g for g in self.gpus if g.slot is not None]
+        gpus = sorted((g for g in self.gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
         if not gpus or self._held:
             return None
         urgency = self._urgency(engine)
@@ -547,7 +547,8 @@ class Fleet:
     def _fixed_tokens(self, copy: Copy) -> int:
         """A fixed model's KV pool: the scheme's share, else SGLang's own sizing on these GPUs."""
         m = copy.model
-        share = self.scheme.kv_limit(self, copy.gpus[0].index, m.name)
+        shares = [self.scheme.kv_limit(self, g.index, m.name) for g in copy.gpus]
+        share = None if shares[0] is None else min(shares)  # a TP copy's pools are alike: the tightest GPU's
         block = m.layout.pages_per_block * PAGE_BYTES
         room = min(g.capacity_bytes for g in copy.gpus) - pages_for_bytes(m.weight_bytes / m.tp) * PAGE_BYTES
         if share is None:  # SGLang's sizing, within what the pool has after the weights

@@ -213,8 +213,10 @@ def test_fleet_invariants(spec):
     assert 0 <= f["attainment"] <= min(f["attainment_ttft"], f["attainment_tpot"]) <= 1
 
 
-#: fleets the invariants above once failed on (found by a longer search of the same space), each with what was
-#: wrong: (sharing, GPUs, fleet.utilization, compute, method, models, [(arrival, model, prompt, output)])
+#: fleets the invariants above once failed on (found by a longer search of the same space, and of one whose
+#: second and fourth models run on 2 GPUs: ``TP``), each with what was wrong: (sharing, GPUs,
+#: fleet.utilization, compute, method, models, [(arrival, model, prompt, output)], tensor parallel)
+TP = True
 FOUND = [
     # static: shares of what the weights leave, with no room for every model's floor: a pool past the GPU
     ("static", 3, 0.95, "serial", "prism", 4,
@@ -246,13 +248,29 @@ FOUND = [
       (23.61, 0, 982, 103), (24.11, 2, 893, 14), (44.11, 0, 2790, 108), (47.11, 2, 1500, 147), (50.11, 2, 1647, 89),
       (50.11, 1, 2167, 116), (50.11, 2, 2194, 32), (50.11, 0, 1474, 165), (53.11, 2, 1367, 26), (56.11, 2, 1393, 141),
       (76.11, 0, 1833, 97), (79.11, 2, 2675, 169), (79.12, 0, 2794, 5), (79.13, 2, 1103, 82), (79.14, 2, 1568, 189)]),
+    # static, a model of 2 GPUs: its pool sized by its first GPU's share alone (the second has other residents)
+    ("static", 3, 0.12, "serial", "fcfs", 3,
+     [(0.5, 1, 1708, 59), (1.0, 0, 1678, 169), (21.0, 1, 975, 163), (21.01, 0, 1215, 78), (21.11, 2, 582, 191),
+      (24.11, 1, 91, 57), (27.11, 1, 84, 40), (30.11, 2, 2585, 8), (30.61, 1, 2453, 161), (50.61, 1, 919, 80),
+      (50.71, 1, 1722, 23), (50.81, 1, 1734, 133), (70.81, 0, 2305, 76), (73.81, 0, 1159, 22), (73.81, 2, 1529, 61),
+      (74.31, 0, 1266, 78), (74.41, 1, 1858, 17), (74.42, 2, 1976, 187)], TP),
+    # two models of 2 GPUs each take one GPU's compute and wait for the other's (GPUs taken out of index order)
+    ("muxserve", 3, 0.12, "serial", "sglang", 4,
+     [(20.0, 3, 1001, 133), (20.01, 1, 84, 193), (40.01, 3, 1554, 9), (40.11, 3, 899, 122), (40.61, 2, 1330, 170),
+      (40.71, 2, 984, 7), (60.71, 1, 1639, 128), (61.21, 0, 374, 197)], TP),
+    # timeshare: a model of 2 GPUs leaves; a model waiting on the other GPU alone was never swapped in
+    ("timeshare", 4, 0.2, "parallel", "sglang", 4,
+     [(0.1, 2, 716, 197), (20.1, 2, 452, 7), (20.11, 3, 1719, 65), (23.11, 2, 2624, 176), (43.11, 3, 564, 142),
+      (43.11, 1, 806, 39), (63.11, 1, 1356, 139), (63.11, 0, 1267, 105), (63.11, 3, 2623, 154), (63.12, 3, 2073, 87),
+      (63.12, 3, 1525, 147), (63.12, 2, 207, 123)], TP),
 ]
 
 
-@pytest.mark.parametrize("case", FOUND, ids=[f"{c[0]}-{i}" for i, c in enumerate(FOUND)])
+@pytest.mark.parametrize("case", FOUND, ids=[f"{c[0]}-{i}{'-tp' if c[7:] else ''}" for i, c in enumerate(FOUND)])
 def test_fleets_the_invariants_once_failed_on(case):
-    sharing, gpus, utilization, compute, method, m, specs = case
-    models = [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b"), ("m2", "llama-3.2-3b"), ("m3", "qwen2.5-1.5b")][:m]
+    sharing, gpus, utilization, compute, method, m, specs, *tp = case
+    tp = 2 if tp else 1
+    models = [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b", tp), ("m2", "llama-3.2-3b"), ("m3", "qwen2.5-1.5b", tp)][:m]
     trace = multi_trace([(t, models[k][0], p, o) for t, k, p, o in specs], models)
     audit = FleetAudit()
     res = simulate(fleet_run(trace, sharing, gpus, method, utilization=utilization, compute=compute), events=audit)
