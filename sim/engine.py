@@ -24,9 +24,10 @@ learns its current KV capacity (``refresh``: the pages it may map now), after al
 (``settle``, which returns the seconds the page mapping adds to the iteration), and after the iteration it lets
 the GPU go (``release``). A pool shared with other models' (``shared_pool``: elastic KV) may not have a token
 left even for one running request, which SGLang's own pool always has: then every running request is retracted
-and the engine waits for pages. Without a host (a single engine, a cluster, a dedicated GPU) none of this runs. The prompt (or its processed part) is inserted
-into the radix cache after each prefill chunk and stays locked while the request runs; the full sequence
-(prompt and generated tokens) is inserted when the request finishes, and then unlocked.
+and the engine waits for pages. Without a host (a single engine, a cluster, a dedicated GPU) none of this runs.
+The prompt (or its processed part) is inserted into the radix cache after each prefill chunk and stays locked
+while the request runs; the full sequence (prompt and generated tokens) is inserted when the request finishes,
+and then unlocked.
 """
 
 from __future__ import annotations

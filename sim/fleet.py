@@ -550,7 +550,7 @@ class Fleet:
         shares = [self.scheme.kv_limit(self, g.index, m.name) for g in copy.gpus]
         share = None if shares[0] is None else min(shares)  # a TP copy's pools are alike: the tightest GPU's
         block = m.layout.pages_per_block * PAGE_BYTES
-        room = min(g.capacity_bytes for g in copy.gpus) - pages_for_bytes(m.weight_bytes / m.tp) * PAGE_BYTES
+        room = min(g.capacity_bytes for g in copy.gpus) - m.mapped_weight_bytes
         if share is None:  # SGLang's sizing, within what the pool has after the weights
             tokens = min(m.pool_tokens, m.layout.tokens(int(room // block)))
         else:  # whole blocks of pages within the share
