@@ -102,7 +102,7 @@ class PrismSharing(SharingScheme):
     def wake(self, fleet: FleetView, model: str) -> list[Action]:
         return self._wake(fleet, model, [])
 
-    def _wake(self, fleet: FleetView, model: str, planned: list[Action]) -> list[Action]:
+    def _wake(self, fleet: FleetView, model: str, planned: Sequence[Action]) -> list[Action]:
         """The actions that activate ``model``, after the ``planned`` ones of the same decision (several models
         woken at once must not count the same free memory twice)."""
         m = fleet.models[model]
