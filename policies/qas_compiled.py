@@ -19,9 +19,9 @@ queue it expects next (its last order minus what the engine admitted) and looks 
 the part of the queue that matches it.
 
 A short simulation runs the same kernels interpreted (``policies.qas_round``: loading the compiled ones costs
-a process about 0.8 s, an interpreted round of a few requests about 0.2 ms) until its rounds have cost about
-what compiling would, then compiled; a long one (or a live server, which warms them before it serves)
-compiles at its first round. Which runs changes no result.
+a process about 0.3-0.4 s, an interpreted round of a few requests about 0.2 ms) until its rounds have cost
+about twice what loading would, then compiled; a long one (or a live server, which warms them before it
+serves) compiles at its first round. Which runs changes no result.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ class _Planned(NamedTuple):
 #: a simulation of at most this many requests starts with the kernels interpreted
 INTERPRET_UP_TO_REQUESTS = 8192
 #: interpreted rounds' cost, in rounds of a few requests (``1 + queued / 16`` each), before compiling: about
-#: the compiled kernels' load time (0.8 s) at 0.2 ms a round
+#: twice the compiled kernels' load time (0.3-0.4 s) at 0.2 ms a round, so that a 2,048-request run stays
+#: interpreted (prefix20: 0.71 s whole, against 0.93 s with a budget of 1,500, which saves 8,192 requests 0.12 s)
 INTERPRET_BUDGET = 4000
 
 

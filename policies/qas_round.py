@@ -39,9 +39,10 @@ Every float is computed with the same operations, in the same order per element,
 sums of distinct terms (bucket utilities) may add in another order, which is exact for the default integer
 weights.
 
-Start. Loading the compiled loops costs a process about 0.8 s even from numba's cache (0.18 s to import numba,
-0.3 s for the scipy import numba makes to find BLAS, the rest its typing set-up), which is most of a
-2,048-request run; an interpreted round of a few requests costs about 0.2 ms. So the kernels are plain
+Start. Loading the compiled loops costs a process about 0.4 s even from numba's cache (0.16-0.25 s to import
+numba, the rest its typing set-up and the cache), which is most of a 2,048-request run: :func:`compiled` keeps
+numba from importing scipy.linalg (another 0.2 s) to probe for a BLAS that no kernel calls (see
+:func:`_numba_without_blas`). An interpreted round of a few requests costs about 0.2 ms. So the kernels are plain
 functions: :data:`INTERPRETED` holds them as Python runs them (their calls to each other stay interpreted),
 and :func:`compiled` compiles them all, once per process, on first use (numba resolves a kernel's calls to
 the others at compile time from this module's names, which then are the compiled ones). Both run the same
@@ -50,6 +51,7 @@ code on the same arrays; the tests hold their results equal.
 
 from __future__ import annotations
 
+import sys
 from types import FunctionType, SimpleNamespace
 from typing import Callable, NamedTuple
 
@@ -443,11 +445,30 @@ INTERPRETED = _interpreted()
 _compiled: SimpleNamespace | None = None
 
 
+def _numba_without_blas() -> None:
+    """Import numba's array functions with its BLAS probe answered "none": numba looks for BLAS (for ``np.dot``
+    and ``np.linalg``) by importing ``scipy.linalg.cython_blas`` when those functions load, at the first call of
+    any compiled function, and scipy.linalg costs a process 0.2 s to import. No kernel here calls BLAS. Where
+    scipy.linalg is loaded already the probe is cheap and runs as numba wrote it. (In a process that then
+    compiles numba code of its own calling ``np.dot``, numba would use its BLAS-free loops or refuse
+    ``np.linalg``: import scipy.linalg before the first round to keep BLAS.)"""
+    probe = "scipy.linalg.cython_blas"
+    if probe in sys.modules:
+        import numba.np.arraymath  # noqa: F401
+        return
+    sys.modules[probe] = None  # the import in numba's probe fails at once (ImportError), as without scipy
+    try:
+        import numba.np.arraymath  # noqa: F401  its import runs the probe
+    finally:
+        del sys.modules[probe]
+
+
 def compiled() -> SimpleNamespace:
     """The kernels compiled by numba (cached on disk), compiling them on the first call in this process."""
     global _compiled
     if _compiled is None:
-        from numba import njit  # a run that never compiles never imports numba
+        _numba_without_blas()  # a run that never compiles never imports numba
+        from numba import njit
 
         scope = globals()
         for name, fn in _KERNELS.items():

@@ -53,3 +53,23 @@ print(json.dumps([code, [k for k in kinds if "prism.traces." + k in sys.modules]
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, ["zipf"]]
+
+
+def test_compiled_qas_loads_without_scipy_linalg_and_leaves_blas_to_those_who_loaded_it(tmp_path):
+    """The compiled QAS round runs without numba importing scipy.linalg (its BLAS probe, 0.2 s) and leaves
+    no trace of the probe's answer in ``sys.modules``; where scipy.linalg is loaded first numba keeps BLAS."""
+    probe_blas = """
+import json, sys
+{first}
+from prism.policies.qas_compiled import CompiledQAS
+from prism.live.hooks import prime
+prime(CompiledQAS())  # compiled kernels: a live server's QAS
+import numba.np.arraymath as arraymath
+blocked = sys.modules.get("scipy.linalg.cython_blas", 0) is None
+print(json.dumps(["scipy.linalg" in sys.modules, arraymath._HAVE_BLAS, blocked]))
+"""
+    for first, expect in (("", [False, False, False]), ("import scipy.linalg", [True, True, False])):
+        out = subprocess.run([sys.executable, "-c", probe_blas.format(first=first)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == expect, first
