@@ -18,16 +18,19 @@ is a lookup per request, which at hundreds of requests costs as much as the comp
 queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
 the part of the queue that matches it.
 
-A short simulation runs the same kernels interpreted (``policies.qas_round``: loading the compiled ones costs
-a process about 0.3-0.4 s, an interpreted round of a few requests about 0.2 ms) until its rounds have cost
-about twice what loading would, then compiled; a long one (or a live server, which warms them before it
-serves) compiles at its first round. Which runs changes no result.
+Loading numba's compiled kernels costs a process about 0.3-0.4 s (``policies.qas_round``: *Start*). So a
+simulation starts with the same kernels compiled ahead of time where the install built them
+(``policies.qas_aot``: a C extension that imports in milliseconds, its calls about 6 us dearer than numba's),
+else interpreted (about 0.2 ms a round of a few requests), until its rounds have cost about twice what loading
+numba's would have over numba's own; then numba's. A run too long for that (or a live server, which warms
+them before it serves) takes numba's from its first round. Which kernels run changes no result.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -35,6 +38,7 @@ import numpy as np
 from prism.core import PRIV, REUSE
 from prism.counters import QAS_AGED, QAS_BUCKETS, QAS_ROUNDS
 
+from prism.policies import qas_aot
 from prism.policies.base import DemandHints, LazyAlignment, Plan, SchedContext, WaitingRequest
 from prism.policies.qas import QAS, QASConfig
 from prism.policies.qas_round import INTERPRETED, Dispatch, Params, Prompts, Round, compiled
@@ -167,12 +171,39 @@ class _Planned(NamedTuple):
     base: np.ndarray  # per segment: w_a·a + w_g·g of the round, P without the batch term
 
 
-#: a simulation of at most this many requests starts with the kernels interpreted
-INTERPRET_UP_TO_REQUESTS = 8192
-#: interpreted rounds' cost, in rounds of a few requests (``1 + queued / 16`` each), before compiling: about
-#: twice the compiled kernels' load time (0.3-0.4 s) at 0.2 ms a round, so that a 2,048-request run stays
-#: interpreted (prefix20: 0.71 s whole, against 0.93 s with a budget of 1,500, which saves 8,192 requests 0.12 s)
-INTERPRET_BUDGET = 4000
+class EarlyKernels(NamedTuple):
+    """Kernels a simulation runs before it loads numba's (module docstring), with what a round of them costs
+    over a round of numba's: ``round_s`` plus ``per_request_s`` for each queued request."""
+
+    kernels: SimpleNamespace
+    round_s: float
+    per_request_s: float
+
+    def cost(self, queued: int) -> float:
+        return self.round_s + self.per_request_s * queued
+
+
+#: interpreted: about 0.2 ms a round of a few requests, growing with the queue
+INTERPRETED_ROUNDS = EarlyKernels(INTERPRETED, 2e-4, 2e-4 / 16)
+#: compiled ahead of time (``policies.qas_aot``): the same loops at about 6 us more a kernel call, two a round
+AOT_ROUND_S = 1.2e-5
+#: what a simulation's early rounds may cost in all over numba's before it loads them: about twice their load
+#: time (0.3-0.4 s), so that an interpreted 2,048-request run never loads them (prefix20: 0.71 s whole,
+#: against 0.93 s with 0.3 s), and a run with the ahead-of-time kernels below about 65,000 rounds neither
+EARLY_BUDGET_S = 0.8
+#: a simulation starts with the early kernels if a round of each of its requests would cost at most this: past
+#: it, the budget ends before half of its rounds and numba's are loaded anyway
+EARLY_UP_TO_S = 2 * EARLY_BUDGET_S
+_early: list[EarlyKernels] = []  # made at the first run that asks
+
+
+def early_kernels() -> EarlyKernels:
+    """The kernels a simulation starts with: compiled ahead of time where the install built them, else
+    interpreted."""
+    if not _early:
+        aot = qas_aot.load()
+        _early.append(INTERPRETED_ROUNDS if aot is None else EarlyKernels(aot, AOT_ROUND_S, 0.0))
+    return _early[0]
 
 
 class CompiledQAS(QAS):
@@ -182,8 +213,9 @@ class CompiledQAS(QAS):
     def build(cls, knobs: QASConfig | None, hints: DemandHints, requests: Sequence) -> "CompiledQAS":
         """The registry's QAS for a run of ``requests`` (a live server passes none: compiled at once)."""
         qas = cls(knobs)
-        if 0 < len(requests) <= INTERPRET_UP_TO_REQUESTS:
-            qas.interpret_budget = INTERPRET_BUDGET
+        early = early_kernels()
+        if 0 < len(requests) * early.round_s <= EARLY_UP_TO_S:
+            qas.early, qas.early_budget_s = early, EARLY_BUDGET_S
         return qas
 
     def __init__(self, config: QASConfig | None = None) -> None:
@@ -201,14 +233,15 @@ class CompiledQAS(QAS):
         self._a_known = 0
         self._a_hints: DemandHints | None = None  # the hints it mirrors
         self.counters: Counter = Counter()
-        self.interpret_budget = 0.0  # rounds left to run interpreted (module docstring); 0: compiled
+        self.early = INTERPRETED_ROUNDS  # the kernels of the rounds before numba's (module docstring)
+        self.early_budget_s = 0.0  # what they may still cost over numba's; 0: numba's from the next round
         self._k = INTERPRETED  # the kernels of the last round (its dispatch and alignments use them too)
 
     def _kernels(self, queued: int):
-        """The kernels for a round of ``queued`` requests: interpreted while the budget lasts, then compiled."""
-        if self.interpret_budget > 0:
-            self.interpret_budget -= 1 + queued / 16
-            return INTERPRETED
+        """The kernels for a round of ``queued`` requests: the early ones while their budget lasts, then numba's."""
+        if self.early_budget_s > 0:
+            self.early_budget_s -= self.early.cost(queued)
+            return self.early.kernels
         return compiled()
 
     @property

@@ -463,8 +463,10 @@ def _numba_without_blas() -> None:
         del sys.modules[probe]
 
 
-def compiled() -> SimpleNamespace:
-    """The kernels compiled by numba (cached on disk), compiling them on the first call in this process."""
+def compiled(cache: bool = True) -> SimpleNamespace:
+    """The kernels compiled by numba (cached on disk), compiling them on the first call in this process.
+    ``cache=False``: not on disk (the install's ahead-of-time build, ``policies.qas_aot``, loads this file under
+    another module's name, which a cache entry would record and a run could then not load)."""
     global _compiled
     if _compiled is None:
         _numba_without_blas()  # a run that never compiles never imports numba
@@ -472,6 +474,6 @@ def compiled() -> SimpleNamespace:
 
         scope = globals()
         for name, fn in _KERNELS.items():
-            scope[name] = njit(cache=True)(fn)
+            scope[name] = njit(cache=cache)(fn)
         _compiled = SimpleNamespace(**{name: scope[name] for name in _KERNELS})
     return _compiled

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from prism.core import PRIV, REUSE, SYS, SegmentTable
 from prism.policies.base import DemandHints, SchedContext
+from prism.policies import qas_aot
 from prism.policies.qas import QAS, QASConfig
 from prism.policies.qas_compiled import CompiledQAS
 from prism.policies.qas_round import Params, Prompts, order_queue
@@ -130,9 +131,10 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
        engine_queue=st.booleans(), times=st.none() | st.lists(st.integers(0, 5), min_size=100, max_size=100),
        finish=st.lists(st.booleans(), min_size=100, max_size=100),
        mode=st.sampled_from(["in-engine", "arrivals", "backlog"]),
-       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans(), budget=st.floats(0, 6))
+       clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans(), budget=st.floats(0, 6),
+       early=st.sampled_from(["interpreted"] + (["aot"] if qas_aot.load() is not None else [])))
 def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
-                                              mode, clock, buckets, budget):
+                                              mode, clock, buckets, budget, early):
     """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
     re-planning a backlog, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
     published priorities and the segments whose priority fell, round after round. The queue is kept either
@@ -142,12 +144,14 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
     changes, must be what the definition reads afresh from ``hints.active`` each round. With ``buckets`` off
     both keep one bucket of the whole queue.
 
-    The kernels run interpreted for the first rounds (a ``budget`` of them; 0: compiled from the first), as a
-    short simulation runs them, and compiled from then on: the definition holds whichever ran."""
+    The early kernels (interpreted, or compiled ahead of time where the install built them) run the first
+    rounds (a ``budget`` of them; 0: numba's from the first), as a short simulation runs them, and numba's
+    from then on: the definition holds whichever ran."""
     cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if mode == "in-engine" else 0.05,
                     max_wait_s=1.5, buckets=buckets, front_end="arrivals" if mode == "arrivals" else "backlog")
     fast, plain = CompiledQAS(cfg), QAS(cfg)
-    fast.interpret_budget = budget
+    fast.early = early_kernels(early)
+    fast.early_budget_s = budget * fast.early.round_s
     hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
     waiting: list[Req] = []
     running: list[Req] = []
@@ -275,10 +279,26 @@ def test_the_definition_run_as_the_scheduler_serves_as_the_compiled_one(monkeypa
         assert compiled.counters["frontend_held"] > 50 and compiled.counters["frontend_windows"] > 5
 
 
-def test_a_short_run_interprets_its_rounds_then_compiles_and_serves_alike(monkeypatch):
-    """The registry's QAS interprets the kernels for a short trace and compiles them once its rounds have cost
-    about what loading the compiled ones does; a run that switches midway, one interpreted throughout and one
-    compiled from the first round serve alike (records and counters), in the engine and behind a front end."""
+def early_kernels(name: str):
+    """The early kernels of that name (``aot``: where the install built them; skipped where it could not)."""
+    from prism.policies import qas_aot, qas_compiled
+
+    if name == "interpreted":
+        return qas_compiled.INTERPRETED_ROUNDS
+    aot = qas_aot.load()
+    if aot is None:
+        pytest.skip("QAS's ahead-of-time kernels are not built (test_the_ahead_of_time_kernels_are_built)")
+    return qas_compiled.EarlyKernels(aot, qas_compiled.AOT_ROUND_S, 0.0)
+
+
+@pytest.mark.parametrize("early_name", ["interpreted", "aot"])
+def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alike(monkeypatch, early_name):
+    """The registry's QAS runs a short trace's rounds with the early kernels (interpreted, or compiled ahead
+    of time) and loads numba's once they have cost their budget; a run that switches midway, one on the early
+    kernels throughout and one on numba's from the first round serve alike (records and counters), in the
+    engine and behind a front end."""
+    from types import SimpleNamespace
+
     from prism.calibration.cost_model import load_profile
     from prism.policies import qas_compiled, qas_round
     from prism.settings import EngineConfig, RunSpec
@@ -288,13 +308,19 @@ def test_a_short_run_interprets_its_rounds_then_compiles_and_serves_alike(monkey
     trace = load_trace("zipf", {"num_requests": 300, "qps": 70})
     engine = EngineConfig(max_total_tokens=32768)
     calls = Counter()
-    for name in ("plan_round", "dispatch"):
-        for kind, ns in (("interpreted", qas_round.INTERPRETED), ("compiled", qas_round.compiled())):
-            fn = getattr(ns, name)
-            monkeypatch.setattr(ns, name, lambda *a, _fn=fn, _k=kind: (calls.update([_k]), _fn(*a))[1])
+    counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
+    early = early_kernels(early_name)
+    entry = ("plan_round", "dispatch")
+    kernels = SimpleNamespace(**{**vars(early.kernels), **{n: counting(getattr(early.kernels, n), "early")
+                                                            for n in entry}})
+    monkeypatch.setattr(qas_compiled, "_early", [early._replace(kernels=kernels)])
+    for name in entry:
+        monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
 
-    def run(window_s, budget):
-        monkeypatch.setattr(qas_compiled, "INTERPRET_BUDGET", budget)
+    monkeypatch.setattr(qas_compiled, "EARLY_UP_TO_S", 10**9)
+
+    def run(window_s, budget_s):
+        monkeypatch.setattr(qas_compiled, "EARLY_BUDGET_S", budget_s)
         calls.clear()
         res = simulate(RunSpec.build(trace, "qas", "dart", engine=engine, knobs={"qas": {"window_s": window_s}},
                                      profile=load_profile()))
@@ -302,10 +328,26 @@ def test_a_short_run_interprets_its_rounds_then_compiles_and_serves_alike(monkey
 
     for window_s in (0.0, 0.05):
         compiled, used = run(window_s, 0)
-        assert used.get("interpreted", 0) == 0 and used["compiled"] > 0
+        assert used.get("early", 0) == 0 and used["numba"] > 0
         interpreted, used = run(window_s, 10**9)
-        assert used.get("compiled", 0) == 0 and used["interpreted"] > 0
-        switched, used = run(window_s, 40)
-        assert used["interpreted"] > 0 and used["compiled"] > 0
+        assert used.get("numba", 0) == 0 and used["early"] > 0
+        switched, used = run(window_s, 10 * early.round_s)  # about 10 rounds: a run has more
+        assert used["early"] > 0 and used["numba"] > 0, used
         for res in (interpreted, switched):
             assert res.records == compiled.records and res.counters == compiled.counters
+
+
+def test_the_ahead_of_time_kernels_are_built_where_there_is_a_c_compiler():
+    """The install compiles QAS's kernels ahead of time (setup.py) wherever it can: with a C compiler the
+    extension for the current kernel source is there, and an extension of other kernels never loads."""
+    import shutil
+    import sysconfig
+
+    from prism.policies import qas_aot
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): the install leaves the kernels to numba's JIT")
+    assert qas_aot.load() is not None, f"reinstall (pip install -e .): {qas_aot.module_name()} is not built"
+    assert set(vars(qas_aot.load())) == set(qas_aot.ENTRY_POINTS)
+    assert qas_aot.module_name() != qas_aot.module_name(qas_aot.KERNELS_SOURCE.with_name("qas.py"))
