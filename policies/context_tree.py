@@ -43,7 +43,6 @@ a chance to be the closest (``_contenders``): O(depth · k · sharing children) 
 from __future__ import annotations
 
 import struct
-from collections import Counter
 from itertools import count
 from typing import Any, Callable, Hashable, Sequence
 
@@ -201,12 +200,13 @@ class ContextIndex:
         documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
         exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
         smallest upper bound can neither win nor tie: only the others get their distance computed."""
-        shared: Counter[Node] = Counter()
-        by_doc = node.by_doc
+        shared: dict[Node, int] = {}  # child -> documents shared, in first-seen order (as a Counter counts)
+        sharing, by_doc = shared.get, node.by_doc
         for d in pos:
             holders = by_doc.get(d)
             if holders:
-                shared.update(holders.keys())
+                for c in holders:  # a loop, not Counter.update: its set-up costs more than a few holders
+                    shared[c] = sharing(c, 0) + 1
         n = len(shared)
         if n <= 2:
             return list(shared)
