@@ -21,13 +21,30 @@ def qas_extension() -> list:
     try:
         aot = _from_file("_prism_qas_aot", here / "qas_aot.py")
         cc = aot.compiler(_from_file("_prism_qas_round", here / "qas_round.py"))
-    except ImportError as e:  # no numba in the build environment
-        print(f"prism-serve: QAS's kernels are not compiled ahead of time ({e})", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001  no numba (ImportError), no C compiler (numba's RuntimeError)
+        print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})",
+              file=sys.stderr)
         return []
-    ext = cc.distutils_extension()
+    ext = cc.distutils_extension()  # also gives setuptools numba's build_ext, which compiles the kernels
     ext.name = f"prism.policies.{cc.name}"
-    ext.optional = True  # a failed build (no C compiler) leaves the rounds to numba's JIT
     return [ext]
 
 
-setup(ext_modules=qas_extension())
+def optional_build():
+    """numba's build_ext, made optional: a failed build (no C compiler, kernels this numba cannot compile)
+    leaves the early rounds interpreted and the rest to numba's JIT, as without the extension."""
+    from setuptools.command import build_ext
+
+    class OptionalBuildExt(build_ext.build_ext):
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as e:  # noqa: BLE001  any failure: the install goes on without it
+                print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+
+    return {"build_ext": OptionalBuildExt}
+
+
+extensions = qas_extension()
+setup(ext_modules=extensions, cmdclass=optional_build() if extensions else {})
