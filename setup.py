@@ -16,14 +16,17 @@ def _from_file(name: str, path: Path):
     return module
 
 
+def _skipped(e: Exception) -> None:
+    print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})", file=sys.stderr)
+
+
 def qas_extension() -> list:
     here = Path(__file__).resolve().parent / "policies"
     try:
         aot = _from_file("_prism_qas_aot", here / "qas_aot.py")
         cc = aot.compiler(_from_file("_prism_qas_round", here / "qas_round.py"))
     except Exception as e:  # noqa: BLE001  no numba (ImportError), no C compiler (numba's RuntimeError)
-        print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})",
-              file=sys.stderr)
+        _skipped(e)
         return []
     ext = cc.distutils_extension()  # also gives setuptools numba's build_ext, which compiles the kernels
     ext.name = f"prism.policies.{cc.name}"
@@ -40,8 +43,7 @@ def optional_build():
             try:
                 super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  any failure: the install goes on without it
-                print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})",
-                      file=sys.stderr)
+                _skipped(e)
 
     return {"build_ext": OptionalBuildExt}
 
