@@ -189,7 +189,7 @@ INTERPRETED_ROUNDS = EarlyKernels(INTERPRETED, 2e-4, 2e-4 / 16)
 AOT_ROUND_S = 1.2e-5
 #: what a simulation's early rounds may cost in all over numba's before it loads them: about twice their load
 #: time (0.3-0.4 s), so that an interpreted 2,048-request run never loads them (prefix20: 0.71 s whole,
-#: against 0.93 s with 0.3 s), and a run with the ahead-of-time kernels below about 65,000 rounds neither
+#: against 0.93 s with 0.3 s), nor does a run of the ahead-of-time kernels below about 65,000 rounds
 EARLY_BUDGET_S = 0.8
 #: a simulation starts with the early kernels if a round of each of its requests would cost at most this: past
 #: it, the budget ends before half of its rounds and numba's are loaded anyway
