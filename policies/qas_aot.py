@@ -29,14 +29,17 @@ KERNELS_SOURCE = Path(__file__).with_name("qas_round.py")
 ENTRY_POINTS = ("plan_round", "dispatch", "aligned_row")
 
 
-def module_name(source: Path = KERNELS_SOURCE) -> str:
-    """The extension's module name for this kernel source (``_qas_kernels_`` and a digest of it)."""
-    return "_qas_kernels_" + hashlib.blake2b(source.read_bytes(), digest_size=6).hexdigest()
+def module_name(source: Path | None = None) -> str:
+    """The extension's module name for this kernel source (default :data:`KERNELS_SOURCE`): ``_qas_kernels_``
+    and a digest of it."""
+    data = (source or KERNELS_SOURCE).read_bytes()
+    return "_qas_kernels_" + hashlib.blake2b(data, digest_size=6).hexdigest()
 
 
 def signatures() -> dict[str, object]:
     """Each entry point's numba signature: arrays are C-contiguous, as the request table and the rounds make
-    them; plain tuples stand for the named ones (``qas_round``'s *Cost*)."""
+    them; plain tuples stand for the named ones (``qas_round``'s *Cost*), field by field: a field added there
+    is added here, or the build fails (and ``tests/test_qas.py`` says the extension is missing)."""
     from numba import types as t
 
     i64, f64, b1 = t.int64, t.float64, t.boolean

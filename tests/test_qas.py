@@ -337,9 +337,9 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
             assert res.records == compiled.records and res.counters == compiled.counters
 
 
-def test_the_ahead_of_time_kernels_are_built_where_there_is_a_c_compiler():
+def test_the_ahead_of_time_kernels_are_built_where_there_is_a_c_compiler(monkeypatch, tmp_path):
     """The install compiles QAS's kernels ahead of time (setup.py) wherever it can: with a C compiler the
-    extension for the current kernel source is there, and an extension of other kernels never loads."""
+    extension for the current kernel source is there, and once the kernels change it is no longer loaded."""
     import shutil
     import sysconfig
 
@@ -350,4 +350,7 @@ def test_the_ahead_of_time_kernels_are_built_where_there_is_a_c_compiler():
         pytest.skip(f"no C compiler ({compiler}): the install leaves the kernels to numba's JIT")
     assert qas_aot.load() is not None, f"reinstall (pip install -e .): {qas_aot.module_name()} is not built"
     assert set(vars(qas_aot.load())) == set(qas_aot.ENTRY_POINTS)
-    assert qas_aot.module_name() != qas_aot.module_name(qas_aot.KERNELS_SOURCE.with_name("qas.py"))
+    edited = tmp_path / "qas_round.py"  # the kernels with one line more: a stale extension
+    edited.write_bytes(qas_aot.KERNELS_SOURCE.read_bytes() + b"\n# edited\n")
+    monkeypatch.setattr(qas_aot, "KERNELS_SOURCE", edited)
+    assert qas_aot.load() is None
