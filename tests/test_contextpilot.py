@@ -4,6 +4,8 @@ plain transcription of the code (tests/contextpilot_reference.py) and the schedu
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from contextpilot_reference import RefIndex, ref_distance
 from prism.core import PRIV, REUSE, SYS, SegmentTable, realigned, serialize, serialize_bytes
 from prism.policies.base import SchedContext
+from prism.policies import context_tree
 from prism.policies.context_tree import ContextIndex, distance, reorder_with_prefix
 from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
 from prism.policies.lpm import LPM
@@ -201,7 +204,14 @@ contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size
 def test_the_index_grows_and_prunes_as_the_code_does(cs, drops, alpha, fixed):
     """Context after context (some indexed in their own order, as prompts that may not move are; some leaves
     removed on the way, as evictions would), the optimized index gives every context the transcription's new
-    order and keeps the same tree."""
+    order and keeps the same tree; both ways of choosing among the children (each intersected with the
+    context, or narrowed down by their bounds first) are checked, the second for every node."""
+    for few in (context_tree._FEW, 1):
+        with patch.object(context_tree, "_FEW", few):
+            grow_and_prune(cs, drops, alpha, fixed)
+
+
+def grow_and_prune(cs, drops, alpha, fixed):
     mine, ref = ContextIndex(alpha), RefIndex(alpha)
     mine_leaf, ref_leaf = {}, {}
     for i, c in enumerate(cs):
