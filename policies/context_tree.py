@@ -237,22 +237,34 @@ class ContextIndex:
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:
         """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune
-        ``node`` itself). Stops at the first live leaf, depth first. The nodes on the way down to it go into
-        ``live``: a search asks again for the child it descends into, and for a node on that way the walk
-        would meet only that leaf again (the dead leaves before it are gone), so the answer is known."""
-        if node in live:
-            return True
-        if node.is_leaf:
-            if alive(node):
-                live.add(node)
+        ``node`` itself). Stops at the first live leaf, depth first, each node's children as they were when
+        the walk reached it. The nodes on the way down to it go into ``live``: a search asks again for the
+        child it descends into, and for a node on that way the walk would meet only that leaf again (the dead
+        leaves before it are gone), so the answer is known. A loop, not a recursion: evictions leave chains
+        of inner nodes deeper than Python's recursion limit."""
+        stack: list[tuple[Node, Any]] = []  # the inner nodes on the way, each with its children still to see
+        while True:
+            if node in live:
+                found = True
+            elif node.is_leaf:
+                found = alive(node)
+                if found:
+                    live.add(node)
+                else:
+                    self.remove(node)
+            else:
+                stack.append((node, iter(list(node.children))))
+                found = False
+            if found:
+                live.update(n for n, _ in stack)
                 return True
-            self.remove(node)
-            return False
-        for child in list(node.children):
-            if self._live(child, alive, live):
-                live.add(node)
-                return True
-        return False
+            while stack:
+                node = next(stack[-1][1], None)
+                if node is not None:
+                    break
+                stack.pop()
+            else:
+                return False
 
     # ------------------------------------------------------------ insert
     def insert(self, context: Sequence[Doc], owner: Any, alive: Callable[[Node], bool] | None = None,

@@ -4,6 +4,7 @@ plain transcription of the code (tests/contextpilot_reference.py) and the schedu
 
 from __future__ import annotations
 
+import sys
 from unittest.mock import patch
 
 import numpy as np
@@ -190,6 +191,61 @@ def test_a_search_drops_the_dead_leaves_it_would_use():
     # (a, b) held only dead leaves: both and it pruned; the closest live node is (b, q)
     assert m.node.docs == ("b", "q") and m.has_prefix and index.removed == 2
     assert [c[0] for c in shape(index)[1]] == [("b", "q")]
+
+
+def recursive_live(index, node, alive, live):
+    """The walk as first written, a recursion: the reference for ``ContextIndex._live``'s loop."""
+    if node in live:
+        return True
+    if node.is_leaf:
+        if alive(node):
+            live.add(node)
+            return True
+        index.remove(node)
+        return False
+    for child in list(node.children):
+        if recursive_live(index, child, alive, live):
+            live.add(node)
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(cs=st.lists(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True), min_size=1,
+                   max_size=25),
+       dead=st.sets(st.integers(0, 24)), known=st.sets(st.integers(0, 60)))
+def test_the_live_walk_is_the_depth_first_recursion(cs, dead, known):
+    """From every node of a grown index (some nodes already known live), the loop answers as the recursion
+    did, removes the same dead leaves and marks the same nodes live."""
+    for start in range(len(grown(cs)[0].nodes())):
+        answers = []
+        for walk in (ContextIndex._live, recursive_live):
+            index, _ = grown(cs)
+            nodes = index.nodes()
+            live = {n for i, n in enumerate(nodes) if i in known and not n.is_leaf and i != start}
+            live = {n for n in live if all(index_leaf.owner not in dead for index_leaf in leaves_below(n))}
+            found = walk(index, nodes[start], lambda leaf: leaf.owner not in dead, live)
+            answers.append((found, shape(index), sorted(nodes.index(n) for n in live), index.removed))
+        assert answers[0] == answers[1]
+
+
+def leaves_below(node):
+    return [node] if node.is_leaf else [leaf for c in node.children for leaf in leaves_below(c)]
+
+
+def test_a_chain_deeper_than_the_recursion_limit_is_walked():
+    """Evictions leave chains of inner nodes with one child each (one per split of a request that shares only
+    their documents): a search walks one longer than Python's recursion limit."""
+    index = ContextIndex()
+    depth = sys.getrecursionlimit() + 100
+    _, before = index.insert(("a", "x0"), 0)
+    for i in range(1, depth):
+        _, leaf = index.insert(("a", f"x{i}"), i)
+        index.remove(before)
+        before = leaf
+    assert len(index.nodes()) == depth  # depth - 1 inner nodes of ("a",) and the last leaf
+    m = index.search(("a", "y"), alive=lambda leaf: True)
+    assert m.node is before and m.has_prefix
 
 
 # ------------------------------------------------------------------ against the transcription
