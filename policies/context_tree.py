@@ -46,7 +46,7 @@ import struct
 from collections import Counter
 from itertools import chain, compress, count
 from operator import attrgetter
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -242,7 +242,7 @@ class ContextIndex:
         child it descends into, and for a node on that way the walk would meet only that leaf again (the dead
         leaves before it are gone), so the answer is known. A loop, not a recursion: evictions leave chains
         of inner nodes deeper than Python's recursion limit."""
-        stack: list[tuple[Node, Any]] = []  # the inner nodes on the way, each with its children still to see
+        stack: list[tuple[Node, Iterator[Node]]] = []  # the inner nodes on the way, each with children to see
         while True:
             if node in live:
                 found = True
