@@ -12,11 +12,13 @@ buckets, scores and lanes; the starvation bound and the front alignment of the o
 counting sorts (rows are numbered in FIFO order), bucket ranking from a sort of the buckets; no all-pairs
 work. Front alignment (a sort of one request's few segments) runs only for that head and, on demand, for other
 requests the engine admits. Each kernel call costs a live server 35-60 us with SGLang's work in the CPU's
-caches (``benchmarks/bench_plugin_round.py``), so a plan makes one and a dispatch one. Per request, QAS keeps
-its segment indices in a matrix row registered once, on the request's first round. Finding the rows of a queue
-is a lookup per request, which at hundreds of requests costs as much as the compiled round; so QAS notes the
-queue it expects next (its last order minus what the engine admitted) and looks up only the requests past
-the part of the queue that matches it.
+caches (``benchmarks/bench_plugin_round.py``), so a plan makes one and a dispatch one; a round of one request
+(a backlog front end's arrival that finds room, a lone waiting request) makes none: it is a few lines of Python,
+and its dispatch publishes only the segments whose P̂ may have changed (``_plan_one``, ``_dispatch_one``).
+Per request, QAS keeps its segment indices in a matrix row registered once, on the request's first round.
+Finding the rows of a queue is a lookup per request, which at hundreds of requests costs as much as the
+compiled round; so QAS notes the queue it expects next (its last order minus what the engine admitted) and
+looks up only the requests past the part of the queue that matches it.
 
 Loading numba's compiled kernels costs a process about 0.3-0.4 s (``policies.qas_round``: *Start*). So a
 simulation starts with the same kernels compiled ahead of time where the install built them
@@ -163,12 +165,26 @@ class RequestTable:
         return pos
 
 
+class _One(NamedTuple):
+    """A round of one request (:meth:`CompiledQAS._plan_one`): what its dispatch and ``last`` need."""
+
+    row: int
+    segments: dict[int, int]  # its segments (system and reusable) -> occurrences in its row
+    active: np.ndarray  # a(r) by segment index as the round read it (unchanged until the next round)
+    hinted: bool  # the round read a(r) from hints (else zeros)
+    inputs: tuple  # plan_round's arguments but next_batch (zeros): ``last`` runs the kernel on them
+
+
 class _Planned(NamedTuple):
     """What a plan leaves for its dispatch."""
 
     order: list  # the queued requests in the plan's order
     order_rows: np.ndarray  # their rows
-    base: np.ndarray  # per segment: w_a·a + w_g·g of the round, P without the batch term
+    base: np.ndarray | None  # per segment: w_a·a + w_g·g of the round, P without the batch term (None: made
+    one: _One | None = None  # from ``one`` where a dispatch needs it, for a round of one request)
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 class EarlyKernels(NamedTuple):
@@ -232,6 +248,11 @@ class CompiledQAS(QAS):
         self._a = np.zeros(0)  # a(r) by segment index, for the first _a_known segments (see _active)
         self._a_known = 0
         self._a_hints: DemandHints | None = None  # the hints it mirrors
+        # what a round of one request needs to publish only what changed (_dispatch_one): the segments whose a(r)
+        # changed or that were first seen since the last publication (None: unknown), and those that carried a
+        # queue or batch term in it (None: unknown, after a round of several)
+        self._a_moved: set[int] | None = None
+        self._pub_single: list[int] | None = None
         self.counters: Counter = Counter()
         self.early = INTERPRETED_ROUNDS  # the kernels of the rounds before numba's (module docstring)
         self.early_budget_s = 0.0  # what they may still cost over numba's; 0: numba's from the next round
@@ -251,6 +272,9 @@ class CompiledQAS(QAS):
         if self._last_round is None:
             return None
         waiting, rnd = self._last_round
+        if isinstance(rnd, _One):  # the round the kernel would have made
+            inputs = rnd.inputs
+            rnd = Round(*INTERPRETED.plan_round(*inputs[:5], np.zeros(len(rnd.active)), *inputs[5:]))
         names = self.table.segment_names
         return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
                 "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
@@ -276,21 +300,32 @@ class CompiledQAS(QAS):
             self._a_hints, known = hints, 0
             a = self._a = np.zeros(max(64, 2 * n_segments))
             changed = ()
+            self._a_moved = None
         elif n_segments > len(a):
             a = self._a = np.concatenate((a, np.zeros(max(n_segments, len(a)))))
+        moved = self._a_moved
         for i in range(known, n_segments):  # segments registered since the last round
             a[i] = active.get(names[i], 0)
+        if moved is not None:
+            moved.update(range(known, n_segments))
         for r in changed:
             i = index.get(r)
             if i is not None and i < known:
                 a[i] = active.get(r, 0)
+                if moved is not None:
+                    moved.add(i)
         self._a_known = n_segments
         return a[:n_segments]
 
     # ------------------------------------------------------------------ a round
+    #: a round of one request runs without the kernels (:meth:`_plan_one`); False: through them (tests)
+    one_request_rounds = True
+
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if not waiting:
             return Plan([])
+        if len(waiting) == 1 and self.one_request_rounds:
+            return self._plan_one(waiting, ctx)
         cfg, table = self.config, self.table
         queued = table.rows(waiting)
         n_segments = len(table.segment_names)
@@ -313,11 +348,68 @@ class CompiledQAS(QAS):
             lanes = _AgedLanes(table, rnd.order_rows[:rnd.n_aged], cold)
         return Plan(order, _Alignment(table, queued, rnd, cfg.f_front, k.aligned_row), lanes=lanes)
 
+    def _plan_one(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
+        """:func:`~prism.policies.qas_round.plan_round` on a queue of one request, in Python: no kernel call, no
+        array over every segment. A front end that holds the backlog makes such a round for each arrival that
+        finds room (every request, below the knee), and an engine for each lone waiting request; a kernel
+        call and its boxing cost more than the round (prefix20, 20,480 requests: the front end's rounds were a
+        third of the run). The order is the request, its lane cold (or aged); its alignment is its reusable
+        segments ranked by P(r; ∅) = w_a·a + w_g·g, g its own occurrences, as ``_aligned_top`` ranks them:
+        higher first, ties to the lower index, equal segments by position. ``tests/test_qas.py`` holds it
+        equal to the kernels' round and dispatch."""
+        r, cfg, table = waiting[0], self.config, self.table
+        row = table.row_of.get(r.id)
+        if row is None:
+            table.add(waiting)
+            row = table.row_of[r.id]
+        n_segments = len(table.segment_names)
+        a = self._active(ctx, n_segments)
+        m = int(table.n_reusable[row])
+        cells = table.segments[row, :1 + m].tolist()  # its system segment (-1: none), then its reusable ones
+        counts: dict[int, int] = {}
+        for s in cells:
+            if s >= 0:
+                counts[s] = counts.get(s, 0) + 1
+        w_a, w_g = self.params.w_a, self.params.w_g
+        base = {s: w_a * float(a[s]) + w_g * c for s, c in counts.items()}
+        reusable = cells[1:]
+        lead = 0 if table.fixed_order[row] or m < 2 else min(cfg.f_front, m)
+        align = {}
+        if lead:
+            top = sorted(range(m), key=lambda j: (-base[reusable[j]], reusable[j], j))[:lead]
+            aligned = [reusable[j] for j in top] + [s for j, s in enumerate(reusable) if j not in top]
+            if aligned != reusable:
+                names = table.segment_names
+                align[r.id] = tuple([names[s] for s in aligned])
+        wait = cfg.max_wait_s if cfg.replans_backlog else np.inf
+        if ctx.now - table.arrival[row] > wait:
+            self.counters[QAS_AGED] += 1
+            lanes = {r.id: "aged"}
+        else:
+            lanes = {r.id: "cold"} if cfg.q_cold else {}
+        self.counters[QAS_ROUNDS] += 1
+        self.counters[QAS_BUCKETS] += 1
+        order, rows = [r], np.array([row], dtype=np.int64)
+        table.expect(order, rows)
+        one = _One(row, counts, a, ctx.hints is not None,
+                   (table.prompts, self._kernel_params, rows, rows, a, ctx.batch_hint or 1, table.arrival, ctx.now,
+                    wait, min(ctx.batch_hint, 1)))
+        self._planned = _Planned(order, rows, None, one)
+        self._last_round = (waiting, one)
+        return Plan(order, align, lanes)
+
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         """5. predict the next batch (the requests that now head the order); 6. publish P̂ to eviction."""
         planned, self._planned = self._planned, None
         if planned is None:
             return
+        one, took_it = planned.one, False
+        if one is not None:  # a round of one request: what the kernels' round would have left
+            took_it = admitted is planned.order or (len(admitted) == 1 and admitted[0] is planned.order[0])
+            if took_it and self._dispatch_one(one, ctx):
+                return
+            base = self.params.w_a * one.active + self.params.w_g * self._counts(one, len(one.active))
+            planned, self._k = planned._replace(base=base), self._kernels(1)
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
         out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
@@ -329,6 +421,59 @@ class CompiledQAS(QAS):
         self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
             self._publish(ctx.hints, out)
+            self._pub_single = list(one.segments) if took_it else None  # its terms on one request's segments
+            self._a_moved = set()
+
+    @staticmethod
+    def _counts(one: _One, n_segments: int) -> np.ndarray:
+        """g(r) of a round of one request, by segment index (its row's occurrences)."""
+        out = np.zeros(n_segments)
+        for s, c in one.segments.items():
+            out[s] = c
+        return out
+
+    def _dispatch_one(self, one: _One, ctx: SchedContext) -> bool:
+        """The kernel's dispatch of a round of one request that the engine took (nothing remains: no next
+        batch), publishing only the segments whose P̂ may have changed since the last publication: this
+        request's, the last publication's (if it was a round of one: its request's), and those whose a(r)
+        changed or that were first seen since (``_active`` notes both). P̂ = (w_a·a + w_g·g) + w_n·n, added as
+        the kernel adds it. False where that set is unknown (the last publication was a round of several, or
+        a(r) was read afresh): the kernel publishes."""
+        hints, table = ctx.hints, self.table
+        if hints is None:
+            self._next_batch = np.zeros(0)
+            table.expect((), _NO_ROWS)
+            return True
+        if not one.hinted or self._a_moved is None or self._pub_single is None:
+            return False
+        w_a, w_n, w_g = self.params.w_a, self.params.w_n, self.params.w_g
+        names, n_segments, n_round = table.segment_names, len(table.segment_names), len(one.active)
+        published = self._published
+        if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
+            published = self._published = np.concatenate((published, np.zeros(max(n_segments, len(published)))))
+        maybe = self._a_moved.union(one.segments, self._pub_single)
+        out, fell, active, counts = self._published_by_name, [], one.active, one.segments
+        for s in sorted(maybe):
+            if s < n_round:
+                c = counts.get(s, 0)
+                new = (w_a * float(active[s]) + w_g * c) + w_n * c
+            else:  # first seen after the round: no base, and not in the request
+                new = 0.0
+            was = float(published[s])
+            if new == was:
+                continue
+            published[s] = new
+            if new > 0:
+                out[names[s]] = new
+            else:
+                del out[names[s]]
+            if new < was:
+                fell.append(names[s])
+        self._pub_single, self._a_moved = list(counts), set()
+        self._next_batch = np.zeros(0)
+        table.expect((), _NO_ROWS)
+        hints.publish(out, fell)
+        return True
 
     def _publish(self, hints: DemandHints, dispatched) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed

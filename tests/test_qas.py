@@ -198,6 +198,72 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
             running.remove(r)
 
 
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from([0, 1, 1, 1, 1, 2, 3]),  # mostly one arrival, as below the knee
+                                st.lists(st.sampled_from("ABCDEFGH"), max_size=5).map(tuple), st.booleans(),
+                                st.sampled_from(["all"] * 4 + ["none", "head", "list"]), st.integers(0, 7),
+                                st.sampled_from([False] * 6 + [True]), st.booleans()),
+                      min_size=1, max_size=30),
+       f=st.integers(0, 4), q_cold=st.integers(0, 2), hint=st.integers(0, 3), wait=st.sampled_from([0.5, 1.0, 1.7]),
+       front_end=st.booleans(), finish=st.lists(st.booleans(), min_size=64, max_size=64),
+       weights=st.sampled_from([(1e6, 1e5, 1.0), (0.1, 0.7, 1 / 3), (0.0, 0.3, 0.1), (2.5, 0.0, 0.0)]))
+def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wait, front_end, finish, weights):
+    """A round of one request runs in Python (``CompiledQAS._plan_one``) and its dispatch publishes only what may
+    have changed: exactly what the kernels' round and dispatch give, round after round, in a mix of rounds of
+    one and of several requests (the kernels'), whole or partial dispatches, a(r) changing between rounds,
+    rounds without hints, segments repeated in a prompt (a segment that is also the system prompt), new
+    segments each round, weights whose sums round (the same float operations in the same order): the same
+    order, alignment, lanes, counters, next batch and inspection, and the same publication, byte for byte and
+    in the same key order, with the same segments that fell."""
+    w_a, w_n, w_g = weights
+    cfg = QASConfig(w_a=w_a, w_n=w_n, w_g=w_g, f_front=f, q_cold=q_cold, max_wait_s=wait,
+                    window_s=0.05 if front_end else 0.0)
+    fast, kern = CompiledQAS(cfg), CompiledQAS(cfg)
+    kern.one_request_rounds = False
+    hints_f, hints_k = DemandHints(), DemandHints()
+    waiting: list[Req] = []
+    running: list[Req] = []
+    late: list[Req] = []
+    rid = 0
+    for k, (n_new, skeleton, fixed, take, novel, no_hints, repeat) in enumerate(steps):
+        for j in range(n_new):
+            segs = (*skeleton[j:], f"n{k}.{novel}") if novel else skeleton[j:]
+            r = req(rid, float(rid) / 2, (*segs, "sys") if repeat else segs)
+            r.fixed_order = fixed
+            waiting.append(r)
+            rid += 1
+        if not waiting:
+            continue
+        now = float(k) / 2
+        ctx_f = SchedContext(now, NoCache(), (), None if no_hints else hints_f, batch_hint=hint)
+        ctx_k = SchedContext(now, NoCache(), (), None if no_hints else hints_k, batch_hint=hint)
+        plan, ref = fast.plan(waiting, ctx_f), kern.plan(waiting, ctx_k)
+        assert [r.id for r in plan.order] == [r.id for r in ref.order]
+        assert [(r.id, plan.lane(r.id)) for r in waiting] == [(r.id, ref.lane(r.id)) for r in waiting]
+        assert dict(plan.lanes) == dict(ref.lanes)
+        assert [plan.align.get(r.id) for r in waiting] == [ref.align.get(r.id) for r in waiting]
+        assert fast.last == kern.last
+        admitted = {"all": plan.order, "none": [], "head": plan.order[:1], "list": list(plan.order[:2])}[take]
+        fast.on_dispatch(admitted, ctx_f)
+        kern.on_dispatch(admitted if take != "all" else ref.order, ctx_k)
+        assert list(hints_f.priority.items()) == list(hints_k.priority.items())  # exact floats, same key order
+        assert hints_f.take_fell() == hints_k.take_fell() and hints_f.version == hints_k.version
+        assert fast.next_counter == kern.next_counter and fast.stats() == kern.stats()
+        gone = {r.id for r in admitted}
+        waiting = [r for r in plan.order if r.id not in gone]
+        # a front end's engine admits what it was handed at its next iteration, maybe after another arrival's round
+        joining, late = (late, list(admitted)) if front_end else (list(admitted), [])
+        for r in joining:
+            for h in (hints_f, hints_k):
+                h.admit([s.id for s in r.segments if s.kind != PRIV])
+        running += joining
+        for r in [r for r in running if finish[(r.id + k) % 64]]:
+            for h in (hints_f, hints_k):
+                h.release([s.id for s in r.segments if s.kind != PRIV])
+            running.remove(r)
+    assert fast.stats() == kern.stats()
+
+
 @settings(max_examples=60, deadline=None)
 @given(arrivals=st.lists(st.tuples(st.integers(0, 4), skeletons), min_size=3, max_size=12),
        q_cold=st.integers(1, 3), extra=st.lists(st.integers(0, 3), min_size=12, max_size=12))
@@ -306,7 +372,9 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
     from prism.traces.spec import load_trace
 
     trace = load_trace("zipf", {"num_requests": 300, "qps": 70})
-    engine = EngineConfig(max_total_tokens=32768)
+    # 16 running slots: the front end holds a backlog, so that rounds of several requests (the kernels'; a round of
+    # one runs without them) come in both deployments: 18-26 of them
+    engine = EngineConfig(max_total_tokens=32768, max_running_requests=16)
     calls = Counter()
     counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
     early = early_kernels(early_name)
