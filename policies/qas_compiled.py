@@ -89,20 +89,26 @@ class RequestTable:
             new[:n] = old[:n]
             setattr(self, name, new)
 
+    def cells(self, r: WaitingRequest) -> list[int]:
+        """The request's row as a list: its system segment's index (-1: none), then its reusable segments' in
+        prompt order. Segments are numbered as first seen: a request's reusable ones, then its system one."""
+        index, row, system = self._index, [-1], None
+        for s in r.segments:
+            kind = s.kind
+            if kind == REUSE:
+                row.append(index(s.id))
+            elif kind != PRIV and system is None:
+                system = s.id
+        if system is not None:
+            row[0] = index(system)
+        return row
+
     def add(self, requests: Sequence[WaitingRequest]) -> None:
         """Register requests not seen before, in the given order (one block write for all of them)."""
-        index, block, n_reusable = self._index, [], []
+        block, n_reusable = [], []
         last = self._last_registered
-        for r in requests:  # segments numbered as seen: a request's reusable ones, then its system segment
-            row, system = [-1], None
-            for s in r.segments:
-                kind = s.kind
-                if kind == REUSE:
-                    row.append(index(s.id))
-                elif kind != PRIV and system is None:
-                    system = s.id
-            if system is not None:
-                row[0] = index(system)
+        for r in requests:
+            row = self.cells(r)
             block.append(row)
             n_reusable.append(len(row) - 1)
             age = (r.arrival, r.id)
@@ -168,11 +174,11 @@ class RequestTable:
 class _One(NamedTuple):
     """A round of one request (:meth:`CompiledQAS._plan_one`): what its dispatch and ``last`` need."""
 
-    row: int
+    cells: list[int]  # its row (RequestTable.cells); the table registers it only where a later round needs it
     segments: dict[int, int]  # its segments (system and reusable) -> occurrences in its row
     active: np.ndarray  # a(r) by segment index as the round read it (unchanged until the next round)
     hinted: bool  # the round read a(r) from hints (else zeros)
-    inputs: tuple  # plan_round's arguments but next_batch (zeros): ``last`` runs the kernel on them
+    inputs: tuple  # plan_round's arguments from batch_hint on: ``last`` runs the kernel on its row alone
 
 
 class _Planned(NamedTuple):
@@ -272,9 +278,13 @@ class CompiledQAS(QAS):
         if self._last_round is None:
             return None
         waiting, rnd = self._last_round
-        if isinstance(rnd, _One):  # the round the kernel would have made
-            inputs = rnd.inputs
-            rnd = Round(*INTERPRETED.plan_round(*inputs[:5], np.zeros(len(rnd.active)), *inputs[5:]))
+        if isinstance(rnd, _One):  # the round the kernel would have made, on a table of its request alone
+            cells, n = rnd.cells, len(rnd.active)
+            prompts = Prompts(np.array([cells]), np.array([len(cells) - 1]), np.array([waiting[0].fixed_order]),
+                              len(cells))
+            one_row = np.zeros(1, dtype=np.int64)
+            rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, rnd.active,
+                                                np.zeros(n), *rnd.inputs))
         names = self.table.segment_names
         return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
                 "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
@@ -355,17 +365,15 @@ class CompiledQAS(QAS):
         call and its boxing cost more than the round (prefix20, 20,480 requests: the front end's rounds were a
         third of the run). The order is the request, its lane cold (or aged); its alignment is its reusable
         segments ranked by P(r; ∅) = w_a·a + w_g·g, g its own occurrences, as ``_aligned_top`` ranks them:
-        higher first, ties to the lower index, equal segments by position. ``tests/test_qas.py`` holds it
-        equal to the kernels' round and dispatch."""
+        higher first, ties to the lower index, equal segments by position. Its segments are numbered (the
+        tie-break's order) but its row is not stored: only a later round of several needs it (``rows``
+        registers it then), and the block write costs a live server more than the rest of the round.
+        ``tests/test_qas.py`` holds it equal to the kernels' round and dispatch."""
         r, cfg, table = waiting[0], self.config, self.table
-        row = table.row_of.get(r.id)
-        if row is None:
-            table.add(waiting)
-            row = table.row_of[r.id]
+        cells = table.cells(r)
         n_segments = len(table.segment_names)
         a = self._active(ctx, n_segments)
-        m = int(table.n_reusable[row])
-        cells = table.segments[row, :1 + m].tolist()  # its system segment (-1: none), then its reusable ones
+        m = len(cells) - 1
         counts: dict[int, int] = {}
         for s in cells:
             if s >= 0:
@@ -373,7 +381,7 @@ class CompiledQAS(QAS):
         w_a, w_g = self.params.w_a, self.params.w_g
         base = {s: w_a * float(a[s]) + w_g * c for s, c in counts.items()}
         reusable = cells[1:]
-        lead = 0 if table.fixed_order[row] or m < 2 else min(cfg.f_front, m)
+        lead = 0 if r.fixed_order or m < 2 else min(cfg.f_front, m)
         align = {}
         if lead:
             top = sorted(range(m), key=lambda j: (-base[reusable[j]], reusable[j], j))[:lead]
@@ -382,19 +390,19 @@ class CompiledQAS(QAS):
                 names = table.segment_names
                 align[r.id] = tuple([names[s] for s in aligned])
         wait = cfg.max_wait_s if cfg.replans_backlog else np.inf
-        if ctx.now - table.arrival[row] > wait:
+        arrival = float(r.arrival)
+        if ctx.now - arrival > wait:
             self.counters[QAS_AGED] += 1
             lanes = {r.id: "aged"}
         else:
             lanes = {r.id: "cold"} if cfg.q_cold else {}
         self.counters[QAS_ROUNDS] += 1
         self.counters[QAS_BUCKETS] += 1
-        order, rows = [r], np.array([row], dtype=np.int64)
-        table.expect(order, rows)
-        one = _One(row, counts, a, ctx.hints is not None,
-                   (table.prompts, self._kernel_params, rows, rows, a, ctx.batch_hint or 1, table.arrival, ctx.now,
-                    wait, min(ctx.batch_hint, 1)))
-        self._planned = _Planned(order, rows, None, one)
+        order = [r]
+        table.expect((), _NO_ROWS)
+        one = _One(cells, counts, a, ctx.hints is not None,
+                   (ctx.batch_hint or 1, np.array([arrival]), ctx.now, wait, min(ctx.batch_hint, 1)))
+        self._planned = _Planned(order, _NO_ROWS, None, one)
         self._last_round = (waiting, one)
         return Plan(order, align, lanes)
 
@@ -409,7 +417,8 @@ class CompiledQAS(QAS):
             if took_it and self._dispatch_one(one, ctx):
                 return
             base = self.params.w_a * one.active + self.params.w_g * self._counts(one, len(one.active))
-            planned, self._k = planned._replace(base=base), self._kernels(1)
+            rows = self.table.rows(planned.order)  # registered now: the kernel's dispatch reads its row
+            planned, self._k = planned._replace(order_rows=rows, base=base), self._kernels(1)
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
         out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
