@@ -178,7 +178,7 @@ class _One(NamedTuple):
     segments: dict[int, int]  # its segments (system and reusable) -> occurrences in its row
     active: np.ndarray  # a(r) by segment index as the round read it (unchanged until the next round)
     hinted: bool  # the round read a(r) from hints (else zeros)
-    inputs: tuple  # plan_round's arguments from batch_hint on: ``last`` runs the kernel on its row alone
+    inputs: tuple  # plan_round's batch_hint, arrival (of its row), now, max_wait, n_align: for ``last``
 
 
 class _Planned(NamedTuple):
@@ -190,7 +190,8 @@ class _Planned(NamedTuple):
     one: _One | None = None  # from ``one`` where a dispatch needs it, for a round of one request)
 
 
-_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # shared, never written: what a round of one request leaves
+_NO_COUNTS = np.zeros(0)
 
 
 class EarlyKernels(NamedTuple):
@@ -283,8 +284,9 @@ class CompiledQAS(QAS):
             prompts = Prompts(np.array([cells]), np.array([len(cells) - 1]), np.array([waiting[0].fixed_order]),
                               len(cells))
             one_row = np.zeros(1, dtype=np.int64)
+            hint, arrival, now, wait, n_align = rnd.inputs
             rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, rnd.active,
-                                                np.zeros(n), *rnd.inputs))
+                                                np.zeros(n), hint, np.array([arrival]), now, wait, n_align))
         names = self.table.segment_names
         return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
                 "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
@@ -401,7 +403,7 @@ class CompiledQAS(QAS):
         order = [r]
         table.expect((), _NO_ROWS)
         one = _One(cells, counts, a, ctx.hints is not None,
-                   (ctx.batch_hint or 1, np.array([arrival]), ctx.now, wait, min(ctx.batch_hint, 1)))
+                   (ctx.batch_hint or 1, arrival, ctx.now, wait, min(ctx.batch_hint, 1)))
         self._planned = _Planned(order, _NO_ROWS, None, one)
         self._last_round = (waiting, one)
         return Plan(order, align, lanes)
@@ -450,7 +452,7 @@ class CompiledQAS(QAS):
         a(r) was read afresh): the kernel publishes."""
         hints, table = ctx.hints, self.table
         if hints is None:
-            self._next_batch = np.zeros(0)
+            self._next_batch = _NO_COUNTS
             table.expect((), _NO_ROWS)
             return True
         if not one.hinted or self._a_moved is None or self._pub_single is None:
@@ -479,7 +481,7 @@ class CompiledQAS(QAS):
             if new < was:
                 fell.append(names[s])
         self._pub_single, self._a_moved = list(counts), set()
-        self._next_batch = np.zeros(0)
+        self._next_batch = _NO_COUNTS
         table.expect((), _NO_ROWS)
         hints.publish(out, fell)
         return True
