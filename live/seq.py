@@ -21,29 +21,6 @@ def _ids(req) -> np.ndarray:
     return np.frombuffer(req.origin_input_ids, dtype=np.int64)
 
 
-class LivePiece:
-    """One segment of a live prompt, with :class:`~prism.core.Segment`'s interface (``kind``, ``id``,
-    ``length``, ``tokens``, ``token_bytes``, equality by kind, id and length): its tokens are a slice of the
-    prompt as it arrived. A plain class because a server builds one per segment of every request, and a
-    frozen dataclass's construction costs four times as much (1.0 against 0.26 us, more between SGLang's
-    iterations)."""
-
-    __slots__ = ("kind", "id", "tokens", "length")
-
-    def __init__(self, kind: str, seg_id: str, tokens: np.ndarray) -> None:
-        self.kind, self.id, self.tokens, self.length = kind, seg_id, tokens, len(tokens)
-
-    def token_bytes(self) -> bytes:
-        return self.tokens.tobytes()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, (LivePiece, Segment)) and (self.kind, self.id, self.length) == (
-            other.kind, other.id, other.length)
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.id, self.length))
-
-
 class LiveSeq(SegmentedPrompt):
     """Implements ``WaitingRequest`` over an SGLang ``Req`` (``req._prism`` keeps it)."""
 
@@ -59,7 +36,7 @@ class LiveSeq(SegmentedPrompt):
         tokens = _ids(req).astype(TOKEN_DTYPE)
         segs, start = [], 0
         for seg_id, kind, end in zip(params["prism_ids"], params["prism_kinds"], params["prism_ends"]):
-            segs.append(LivePiece(kind, seg_id, tokens[start:end]))
+            segs.append(Segment(kind, seg_id, tokens[start:end]))
             start = end
         if start != len(tokens):
             raise ValueError(f"request {self.id}: segment ends cover {start} of {len(tokens)} prompt tokens")
