@@ -202,7 +202,7 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
 @given(steps=st.lists(st.tuples(st.sampled_from([0, 1, 1, 1, 1, 2, 3]),  # mostly one arrival, as below the knee
                                 st.lists(st.sampled_from("ABCDEFGH"), max_size=5).map(tuple), st.booleans(),
                                 st.sampled_from(["all"] * 4 + ["none", "head", "list"]), st.integers(0, 7),
-                                st.sampled_from([False] * 6 + [True]), st.booleans()),
+                                st.sampled_from([False] * 6 + [True])),
                       min_size=1, max_size=30),
        f=st.integers(0, 4), q_cold=st.integers(0, 2), hint=st.integers(0, 3), wait=st.sampled_from([0.5, 1.0, 1.7]),
        front_end=st.booleans(), finish=st.lists(st.booleans(), min_size=64, max_size=64),
@@ -211,8 +211,8 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
     """A round of one request runs in Python (``CompiledQAS._plan_one``) and its dispatch publishes only what may
     have changed: exactly what the kernels' round and dispatch give, round after round, in a mix of rounds of
     one and of several requests (the kernels'), whole or partial dispatches, a(r) changing between rounds,
-    rounds without hints, segments repeated in a prompt (a segment that is also the system prompt), new
-    segments each round, weights whose sums round (the same float operations in the same order): the same
+    rounds without hints, a reusable segment repeated in a prompt (skeletons may repeat one), new segments
+    each round, weights whose sums round (the same float operations in the same order): the same
     order, alignment, lanes, counters, next batch and inspection, and the same publication, byte for byte and
     in the same key order, with the same segments that fell."""
     w_a, w_n, w_g = weights
@@ -225,10 +225,10 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
     running: list[Req] = []
     late: list[Req] = []
     rid = 0
-    for k, (n_new, skeleton, fixed, take, novel, no_hints, repeat) in enumerate(steps):
+    for k, (n_new, skeleton, fixed, take, novel, no_hints) in enumerate(steps):
         for j in range(n_new):
             segs = (*skeleton[j:], f"n{k}.{novel}") if novel else skeleton[j:]
-            r = req(rid, float(rid) / 2, (*segs, "sys") if repeat else segs)
+            r = req(rid, float(rid) / 2, segs)
             r.fixed_order = fixed
             waiting.append(r)
             rid += 1
