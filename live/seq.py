@@ -75,7 +75,8 @@ class LiveSeq(SegmentedPrompt):
             return False
         self.set_segments(segments)
         req = self.req
-        req.origin_input_ids[:] = array("q", np.frombuffer(self.key, dtype=TOKEN_DTYPE).astype(np.int64).tobytes())
+        # written in place, widened as it is copied: the segments' tokens are this view's own copy (__init__)
+        np.concatenate([s.tokens for s in segments], out=_ids(req))
         req.full_untruncated_fill_ids = array("q")  # else SGLang keeps extending a stale copy of the prompt
         self.realigned = True
         return True
