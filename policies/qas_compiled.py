@@ -257,9 +257,9 @@ class CompiledQAS(QAS):
         self._a_hints: DemandHints | None = None  # the hints it mirrors
         # what a round of one request needs to publish only what changed (_dispatch_one): the segments whose a(r)
         # changed or that were first seen since the last publication (None: unknown), and those that carried a
-        # queue or batch term in it (None: unknown, after a round of several)
+        # queue or batch term in it (None: unknown, after a round of a long queue)
         self._a_moved: set[int] | None = None
-        self._pub_single: list[int] | None = None
+        self._pub_terms: list[int] | None = None
         self.counters: Counter = Counter()
         self.early = INTERPRETED_ROUNDS  # the kernels of the rounds before numba's (module docstring)
         self.early_budget_s = 0.0  # what they may still cost over numba's; 0: numba's from the next round
@@ -413,7 +413,7 @@ class CompiledQAS(QAS):
         planned, self._planned = self._planned, None
         if planned is None:
             return
-        one, took_it = planned.one, False
+        one = planned.one
         if one is not None:  # a round of one request: what the kernels' round would have left
             took_it = admitted is planned.order or (len(admitted) == 1 and admitted[0] is planned.order[0])
             if took_it and self._dispatch_one(one, ctx):
@@ -432,8 +432,22 @@ class CompiledQAS(QAS):
         self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
             self._publish(ctx.hints, out)
-            self._pub_single = list(one.segments) if took_it else None  # its terms on one request's segments
+            self._pub_terms = self._term_segments(planned.order_rows, taken)
             self._a_moved = set()
+
+    #: the most rows whose segments a kernel's dispatch notes for the next round of one request (_term_segments)
+    TERMS_UP_TO = 16
+
+    def _term_segments(self, queued: np.ndarray, taken: np.ndarray) -> list[int] | None:
+        """The segments of a dispatched round's queue and of what the engine took (those its publication gave a
+        queue or batch term), where they are at most ``TERMS_UP_TO`` rows (an engine's queue below the knee):
+        the next round of one request then publishes only what changed. None past that (a front end's window):
+        that round lets the kernel publish, as walking hundreds of segments in Python costs more than its call."""
+        rows = queued if taken is queued else np.concatenate((queued, taken))
+        if len(rows) > self.TERMS_UP_TO:
+            return None
+        cells = self.table.segments[rows, :self.table.width].tolist()
+        return list({s for row in cells for s in row if s >= 0})
 
     @staticmethod
     def _counts(one: _One, n_segments: int) -> np.ndarray:
@@ -446,23 +460,23 @@ class CompiledQAS(QAS):
     def _dispatch_one(self, one: _One, ctx: SchedContext) -> bool:
         """The kernel's dispatch of a round of one request that the engine took (nothing remains: no next
         batch), publishing only the segments whose P̂ may have changed since the last publication: this
-        request's, the last publication's (if it was a round of one: its request's), and those whose a(r)
-        changed or that were first seen since (``_active`` notes both). P̂ = (w_a·a + w_g·g) + w_n·n, added as
-        the kernel adds it. False where that set is unknown (the last publication was a round of several, or
-        a(r) was read afresh): the kernel publishes."""
+        request's, those the last publication gave a queue or batch term (its round's queue and what the engine
+        took), and those whose a(r) changed or that were first seen since (``_active`` notes both).
+        P̂ = (w_a·a + w_g·g) + w_n·n, added as the kernel adds it. False where that set is unknown (the last
+        publication was a long queue's, or a(r) was read afresh): the kernel publishes."""
         hints, table = ctx.hints, self.table
         if hints is None:
             self._next_batch = _NO_COUNTS
             table.expect((), _NO_ROWS)
             return True
-        if not one.hinted or self._a_moved is None or self._pub_single is None:
+        if not one.hinted or self._a_moved is None or self._pub_terms is None:
             return False
         w_a, w_n, w_g = self.params.w_a, self.params.w_n, self.params.w_g
         names, n_segments, n_round = table.segment_names, len(table.segment_names), len(one.active)
         published = self._published
         if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
             published = self._published = np.concatenate((published, np.zeros(max(n_segments, len(published)))))
-        maybe = self._a_moved.union(one.segments, self._pub_single)
+        maybe = self._a_moved.union(one.segments, self._pub_terms)
         out, fell, active, counts = self._published_by_name, [], one.active, one.segments
         for s in sorted(maybe):
             if s < n_round:
@@ -480,7 +494,7 @@ class CompiledQAS(QAS):
                 del out[names[s]]
             if new < was:
                 fell.append(names[s])
-        self._pub_single, self._a_moved = list(counts), set()
+        self._pub_terms, self._a_moved = list(counts), set()
         self._next_batch = _NO_COUNTS
         table.expect((), _NO_ROWS)
         hints.publish(out, fell)

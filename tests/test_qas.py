@@ -201,7 +201,8 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from([0, 1, 1, 1, 1, 2, 3]),  # mostly one arrival, as below the knee
                                 st.lists(st.sampled_from("ABCDEFGH"), max_size=5).map(tuple), st.booleans(),
-                                st.sampled_from(["all"] * 4 + ["none", "head", "list"]), st.integers(0, 7),
+                                st.sampled_from(["all"] * 4 + ["none", "head", "list", "stranger"]),
+                                st.integers(0, 7),
                                 st.sampled_from([False] * 6 + [True])),
                       min_size=1, max_size=30),
        f=st.integers(0, 4), q_cold=st.integers(0, 2), hint=st.integers(0, 3), wait=st.sampled_from([0.5, 1.0, 1.7]),
@@ -211,10 +212,10 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
     """A round of one request runs in Python (``CompiledQAS._plan_one``) and its dispatch publishes only what may
     have changed: exactly what the kernels' round and dispatch give, round after round, in a mix of rounds of
     one and of several requests (the kernels'), whole or partial dispatches, a(r) changing between rounds,
-    rounds without hints, a reusable segment repeated in a prompt (skeletons may repeat one), new segments
-    each round, weights whose sums round (the same float operations in the same order): the same
-    order, alignment, lanes, counters, next batch and inspection, and the same publication, byte for byte and
-    in the same key order, with the same segments that fell."""
+    rounds without hints, a request the round never ordered among those taken, a reusable segment repeated in
+    a prompt (skeletons may repeat one), new segments each round, weights whose sums round (the same float
+    operations in the same order): the same order, alignment, lanes, counters, next batch and inspection, and
+    the same publication, byte for byte and in the same key order, with the same segments that fell."""
     w_a, w_n, w_g = weights
     cfg = QASConfig(w_a=w_a, w_n=w_n, w_g=w_g, f_front=f, q_cold=q_cold, max_wait_s=wait,
                     window_s=0.05 if front_end else 0.0)
@@ -243,7 +244,12 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
         assert dict(plan.lanes) == dict(ref.lanes)
         assert [plan.align.get(r.id) for r in waiting] == [ref.align.get(r.id) for r in waiting]
         assert fast.last == kern.last
-        admitted = {"all": plan.order, "none": [], "head": plan.order[:1], "list": list(plan.order[:2])}[take]
+        admitted = {"all": plan.order, "none": [], "head": plan.order[:1], "list": list(plan.order[:2])}.get(take)
+        if take == "stranger":  # the engine also took a request this round never ordered, with a segment seen
+            queued = {s.id for r in plan.order for s in r.segments}  # before but not in the queue (its term counts)
+            known = [s for s in "ABCDEFGH" if s in fast.table.segment_index and s not in queued]
+            admitted = [*plan.order[:1], req(rid, now, (*known[novel % max(len(known), 1):][:1], "Z", f"s{k}"))]
+            rid += 1
         fast.on_dispatch(admitted, ctx_f)
         kern.on_dispatch(admitted if take != "all" else ref.order, ctx_k)
         assert list(hints_f.priority.items()) == list(hints_k.priority.items())  # exact floats, same key order
