@@ -169,36 +169,50 @@ class PrismRadixCache(RadixCache):
             node = node.parent
         if not path:
             return
-        layout, pos = self._layout, node.depth
+        pos = node.depth
         lengths = [len(n.key) for n in path]
-        end = pos + sum(lengths)
-        owners = {c: (kind, seg) for c, kind, seg in pieces(layout, pos, end, self.page_size, self.anchors)}
+        owners = pieces(self._layout, pos, pos + sum(lengths), self.page_size, self.anchors)
+        i = 0  # the next piece
         for node, length in zip(reversed(path), reversed(lengths)):
-            node_end = pos + length
-            for cut in owners:
-                if pos < cut < node_end:  # SGLang made one edge across a boundary: split off its upper part
-                    upper = self._cut(node, cut - pos)
-                    self._tag(upper, *owners[cut], cut)
-                    pos = cut
-            self._tag(node, *(owners.get(node_end) or self._owner(node_end)), node_end)
-            pos = node_end
+            end = pos + length
+            j = i
+            while owners[j][0] < end:  # SGLang made one edge across segment boundaries: cut off the parts above
+                j += 1
+            if j > i:
+                for upper, (cut, kind, seg) in zip(self._cut(node, [c - pos for c, _, _ in owners[i:j]]), owners[i:j]):
+                    self._tag(upper, kind, seg, cut)
+            if owners[j][0] == end:
+                self._tag(node, owners[j][1], owners[j][2], end)
+                j += 1
+            else:  # a node boundary inside a piece (an existing node's split): its owner by the rule
+                self._tag(node, *self._owner(end), end)
+            pos, i = end, j
 
-    def _cut(self, node, length: int):
-        """Split the first ``length`` tokens off a node this insert made, for an anchor: SGLang's ``_split_node``
-        (``radix_cache.py``) less what a fresh node does without: its value is this insert's own copy, so both
-        parts are views of it (no clones), and it has no page hashes yet (they are computed when its KV event
-        is sent). Measured on a 150-request zipf run: the anchors' splits took 22 ms with SGLang's, 11-14 ms
-        with this."""
+    def _cut(self, node, offsets: list[int]) -> list:
+        """Split the parts before each of ``offsets`` (increasing, inside it) off a node this insert made, for
+        anchors; the new upper nodes, top-down. SGLang's ``_split_node`` (``radix_cache.py``) once per part, less
+        what a fresh node does without: its value is this insert's own copy, so every part is a view of it (no
+        clones), and it has no page hashes yet (computed when its KV event is sent); and the key and value are
+        sliced once each for all parts. Measured on a 150-request zipf run: the anchors' splits took 22 ms with
+        SGLang's, 11-14 ms one at a time with this."""
         if node.hash_value is not None or node.event_hash_value is not None:  # hashed already: SGLang splits them
-            return super()._split_node(node.key, node, length)
-        upper = TreeNode(priority=node.priority)
-        upper.hit_count, upper.lock_ref, upper.parent = node.hit_count, node.lock_ref, node.parent
-        upper.key, node.key = node.key[:length], node.key[length:]
-        upper.value, node.value = node.value[:length], node.value[length:]
-        upper.children = {node.key.child_key(self.page_size): node}
-        upper.parent.children[upper.key.child_key(self.page_size)] = upper
-        node.parent = upper
-        return upper
+            uppers, done = [], 0
+            for offset in offsets:
+                uppers.append(super()._split_node(node.key, node, offset - done))
+                done = offset
+            return uppers
+        key, value, parent, page = node.key, node.value, node.parent, self.page_size
+        uppers, start = [], 0
+        for offset in offsets:
+            upper = TreeNode(priority=node.priority)
+            upper.hit_count, upper.lock_ref, upper.parent = node.hit_count, node.lock_ref, parent
+            upper.key, upper.value = key[start:offset], value[start:offset]
+            parent.children[upper.key.child_key(page)] = upper
+            uppers.append(upper)
+            parent, start = upper, offset
+        node.key, node.value, node.parent = key[start:], value[start:], parent
+        parent.children[node.key.child_key(page)] = node
+        return uppers
 
     # ------------------------------------------------------------ SGLang's entry points
     def match_prefix(self, params):
