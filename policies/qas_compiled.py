@@ -14,7 +14,8 @@ work. Front alignment (a sort of one request's few segments) runs only for that 
 requests the engine admits. Each kernel call costs a live server 35-60 us with SGLang's work in the CPU's
 caches (``benchmarks/bench_plugin_round.py``), so a plan makes one and a dispatch one; a round of one request
 (a backlog front end's arrival that finds room, a lone waiting request) makes none: it is a few lines of Python,
-and its dispatch publishes only the segments whose P̂ may have changed (``_plan_one``, ``_dispatch_one``).
+and its dispatch publishes only the segments whose P̂ may have changed (``_plan_one``, ``_publish_changes``), as
+does the dispatch of a short round (an engine's, below the knee) that the engine took whole.
 Per request, QAS keeps its segment indices in a matrix row registered once, on the request's first round.
 Finding the rows of a queue is a lookup per request, which at hundreds of requests costs as much as the
 compiled round; so QAS notes the queue it expects next (its last order minus what the engine admitted) and
@@ -188,6 +189,7 @@ class _Planned(NamedTuple):
     order_rows: np.ndarray  # their rows
     base: np.ndarray | None  # per segment: w_a·a + w_g·g of the round, P without the batch term (None: made
     one: _One | None = None  # from ``one`` where a dispatch needs it, for a round of one request)
+    active: tuple | None = None  # a round of several: (a(r) as it read it, whether from hints)
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)  # shared, never written: what a round of one request leaves
@@ -255,7 +257,7 @@ class CompiledQAS(QAS):
         self._a = np.zeros(0)  # a(r) by segment index, for the first _a_known segments (see _active)
         self._a_known = 0
         self._a_hints: DemandHints | None = None  # the hints it mirrors
-        # what a round of one request needs to publish only what changed (_dispatch_one): the segments whose a(r)
+        # what a dispatch needs to publish only what changed (_publish_changes): the segments whose a(r)
         # changed or that were first seen since the last publication (None: unknown), and those that carried a
         # queue or batch term in it (None: unknown, after a round of a long queue)
         self._a_moved: set[int] | None = None
@@ -330,13 +332,14 @@ class CompiledQAS(QAS):
         return a[:n_segments]
 
     # ------------------------------------------------------------------ a round
-    #: a round of one request runs without the kernels (:meth:`_plan_one`); False: through them (tests)
-    one_request_rounds = True
+    #: a round of one request runs without the kernels (:meth:`_plan_one`), and a dispatch of a short round's whole
+    #: order publishes without them (:meth:`_publish_changes`); False: through them (tests)
+    small_rounds_in_python = True
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if not waiting:
             return Plan([])
-        if len(waiting) == 1 and self.one_request_rounds:
+        if len(waiting) == 1 and self.small_rounds_in_python:
             return self._plan_one(waiting, ctx)
         cfg, table = self.config, self.table
         queued = table.rows(waiting)
@@ -344,11 +347,13 @@ class CompiledQAS(QAS):
         age = table.age_key(queued)
         self._k = k = self._kernels(len(queued))
         wait = cfg.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
+        active = self._active(ctx, n_segments)
         rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age,  # by P(r; ∅): no next batch
-                                  self._active(ctx, n_segments), np.zeros(n_segments), ctx.batch_hint or len(waiting),
+                                  active, np.zeros(n_segments), ctx.batch_hint or len(waiting),
                                   table.arrival, ctx.now, wait, min(ctx.batch_hint, len(waiting))))
         order = [waiting[p] for p in rnd.order.tolist()]
-        self._planned = _Planned(order, rnd.order_rows, rnd.base)
+        self._planned = _Planned(order, rnd.order_rows, rnd.base,
+                                 active=(active, ctx.hints is not None) if self.small_rounds_in_python else None)
         table.expect(order, rnd.order_rows)
         self._last_round = (waiting, rnd)  # references only: `last` builds views
         self.counters[QAS_ROUNDS] += 1
@@ -416,11 +421,15 @@ class CompiledQAS(QAS):
         one = planned.one
         if one is not None:  # a round of one request: what the kernels' round would have left
             took_it = admitted is planned.order or (len(admitted) == 1 and admitted[0] is planned.order[0])
-            if took_it and self._dispatch_one(one, ctx):
+            if took_it and self._publish_changes(one.segments, one.active, one.hinted, ctx):
                 return
             base = self.params.w_a * one.active + self.params.w_g * self._counts(one, len(one.active))
             rows = self.table.rows(planned.order)  # registered now: the kernel's dispatch reads its row
             planned, self._k = planned._replace(order_rows=rows, base=base), self._kernels(1)
+        elif planned.active is not None and self._took_whole(admitted, planned.order):
+            counts = self._segment_counts(planned.order_rows)
+            if counts is not None and self._publish_changes(counts, *planned.active, ctx):
+                return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
         out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
@@ -432,22 +441,33 @@ class CompiledQAS(QAS):
         self.table.expect(remaining, out.remaining_rows)
         if ctx.hints is not None:
             self._publish(ctx.hints, out)
-            self._pub_terms = self._term_segments(planned.order_rows, taken)
+            terms = self._segment_counts(planned.order_rows if taken is planned.order_rows
+                                         else np.concatenate((planned.order_rows, taken)))
+            self._pub_terms = list(terms) if terms is not None else None
             self._a_moved = set()
 
-    #: the most rows whose segments a kernel's dispatch notes for the next round of one request (_term_segments)
-    TERMS_UP_TO = 16
+    #: the most rows a dispatch reads in Python (_segment_counts): an engine's queue below the knee
+    PYTHON_ROWS = 16
 
-    def _term_segments(self, queued: np.ndarray, taken: np.ndarray) -> list[int] | None:
-        """The segments of a dispatched round's queue and of what the engine took (those its publication gave a
-        queue or batch term), where they are at most ``TERMS_UP_TO`` rows (an engine's queue below the knee):
-        the next round of one request then publishes only what changed. None past that (a front end's window):
-        that round lets the kernel publish, as walking hundreds of segments in Python costs more than its call."""
-        rows = queued if taken is queued else np.concatenate((queued, taken))
-        if len(rows) > self.TERMS_UP_TO:
+    def _took_whole(self, admitted: Sequence[WaitingRequest], order: list) -> bool:
+        """Whether the engine took the whole order of a short round (any order of admission)."""
+        if admitted is order:
+            return len(order) <= self.PYTHON_ROWS
+        return len(admitted) == len(order) <= self.PYTHON_ROWS and {id(r) for r in admitted} == {id(r) for r in order}
+
+    def _segment_counts(self, rows: np.ndarray) -> dict[int, int] | None:
+        """Occurrences of each segment in these rows (system and reusable), for at most ``PYTHON_ROWS`` rows;
+        None past that (a front end's window: walking hundreds of segments in Python costs more than a kernel
+        call). A dispatch that took a short round whole publishes by them; after a kernel's dispatch they are the
+        segments its publication gave a queue or batch term (its round's queue and what the engine took)."""
+        if len(rows) > self.PYTHON_ROWS:
             return None
-        cells = self.table.segments[rows, :self.table.width].tolist()
-        return list({s for row in cells for s in row if s >= 0})
+        counts: dict[int, int] = {}
+        for row in self.table.segments[rows, :self.table.width].tolist():
+            for s in row:
+                if s >= 0:
+                    counts[s] = counts.get(s, 0) + 1
+        return counts
 
     @staticmethod
     def _counts(one: _One, n_segments: int) -> np.ndarray:
@@ -457,32 +477,32 @@ class CompiledQAS(QAS):
             out[s] = c
         return out
 
-    def _dispatch_one(self, one: _One, ctx: SchedContext) -> bool:
-        """The kernel's dispatch of a round of one request that the engine took (nothing remains: no next
-        batch), publishing only the segments whose P̂ may have changed since the last publication: this
-        request's, those the last publication gave a queue or batch term (its round's queue and what the engine
-        took), and those whose a(r) changed or that were first seen since (``_active`` notes both).
-        P̂ = (w_a·a + w_g·g) + w_n·n, added as the kernel adds it. False where that set is unknown (the last
-        publication was a long queue's, or a(r) was read afresh): the kernel publishes."""
+    def _publish_changes(self, counts: dict[int, int], active: np.ndarray, hinted: bool, ctx: SchedContext) -> bool:
+        """The kernel's dispatch of a round whose whole queue the engine took (nothing remains: no next batch),
+        publishing only the segments whose P̂ may have changed since the last publication: the queue's
+        (``counts``: their occurrences, g = n), those the last publication gave a queue or batch term, and those
+        whose a(r) changed or that were first seen since (``_active`` notes both). P̂ = (w_a·a + w_g·g) + w_n·n,
+        added as the kernel adds it, ``active`` the a(r) the round read. False where that set is unknown (the
+        last publication was a long queue's, or a(r) was read afresh): the kernel publishes."""
         hints, table = ctx.hints, self.table
         if hints is None:
             self._next_batch = _NO_COUNTS
             table.expect((), _NO_ROWS)
             return True
-        if not one.hinted or self._a_moved is None or self._pub_terms is None:
+        if not hinted or self._a_moved is None or self._pub_terms is None:
             return False
         w_a, w_n, w_g = self.params.w_a, self.params.w_n, self.params.w_g
-        names, n_segments, n_round = table.segment_names, len(table.segment_names), len(one.active)
+        names, n_segments, n_round = table.segment_names, len(table.segment_names), len(active)
         published = self._published
         if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
             published = self._published = np.concatenate((published, np.zeros(max(n_segments, len(published)))))
-        maybe = self._a_moved.union(one.segments, self._pub_terms)
-        out, fell, active, counts = self._published_by_name, [], one.active, one.segments
+        maybe = self._a_moved.union(counts, self._pub_terms)
+        out, fell = self._published_by_name, []
         for s in sorted(maybe):
             if s < n_round:
                 c = counts.get(s, 0)
                 new = (w_a * float(active[s]) + w_g * c) + w_n * c
-            else:  # first seen after the round: no base, and not in the request
+            else:  # first seen after the round: no base, and not in its queue
                 new = 0.0
             was = float(published[s])
             if new == was:

@@ -201,7 +201,7 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from([0, 1, 1, 1, 1, 2, 3]),  # mostly one arrival, as below the knee
                                 st.lists(st.sampled_from("ABCDEFGH"), max_size=5).map(tuple), st.booleans(),
-                                st.sampled_from(["all"] * 4 + ["none", "head", "list", "stranger"]),
+                                st.sampled_from(["all"] * 4 + ["none", "head", "list", "backwards", "stranger"]),
                                 st.integers(0, 7),
                                 st.sampled_from([False] * 6 + [True])),
                       min_size=1, max_size=30),
@@ -209,18 +209,19 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
        front_end=st.booleans(), finish=st.lists(st.booleans(), min_size=64, max_size=64),
        weights=st.sampled_from([(1e6, 1e5, 1.0), (0.1, 0.7, 1 / 3), (0.0, 0.3, 0.1), (2.5, 0.0, 0.0)]))
 def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wait, front_end, finish, weights):
-    """A round of one request runs in Python (``CompiledQAS._plan_one``) and its dispatch publishes only what may
-    have changed: exactly what the kernels' round and dispatch give, round after round, in a mix of rounds of
-    one and of several requests (the kernels'), whole or partial dispatches, a(r) changing between rounds,
-    rounds without hints, a request the round never ordered among those taken, a reusable segment repeated in
-    a prompt (skeletons may repeat one), new segments each round, weights whose sums round (the same float
-    operations in the same order): the same order, alignment, lanes, counters, next batch and inspection, and
-    the same publication, byte for byte and in the same key order, with the same segments that fell."""
+    """A round of one request runs in Python (``CompiledQAS._plan_one``), and its dispatch, like that of a short
+    round the engine took whole (in any order), publishes only what may have changed: exactly what the kernels'
+    round and dispatch give, round after round, in a mix of rounds of one and of several requests, whole or
+    partial dispatches, a(r) changing between rounds, rounds without hints, a request the round never ordered
+    among those taken, a reusable segment repeated in a prompt (skeletons may repeat one), new segments each
+    round, weights whose sums round (the same float operations in the same order): the same order, alignment,
+    lanes, counters, next batch and inspection, and the same publication, byte for byte and in the same key
+    order, with the same segments that fell."""
     w_a, w_n, w_g = weights
     cfg = QASConfig(w_a=w_a, w_n=w_n, w_g=w_g, f_front=f, q_cold=q_cold, max_wait_s=wait,
                     window_s=0.05 if front_end else 0.0)
     fast, kern = CompiledQAS(cfg), CompiledQAS(cfg)
-    kern.one_request_rounds = False
+    kern.small_rounds_in_python = False
     hints_f, hints_k = DemandHints(), DemandHints()
     waiting: list[Req] = []
     running: list[Req] = []
@@ -244,7 +245,8 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
         assert dict(plan.lanes) == dict(ref.lanes)
         assert [plan.align.get(r.id) for r in waiting] == [ref.align.get(r.id) for r in waiting]
         assert fast.last == kern.last
-        admitted = {"all": plan.order, "none": [], "head": plan.order[:1], "list": list(plan.order[:2])}.get(take)
+        admitted = {"all": plan.order, "none": [], "head": plan.order[:1], "list": list(plan.order[:2]),
+                    "backwards": plan.order[::-1]}.get(take)
         if take == "stranger":  # the engine also took a request this round never ordered, with a segment seen
             queued = {s.id for r in plan.order for s in r.segments}  # before but not in the queue (its term counts)
             known = [s for s in "ABCDEFGH" if s in fast.table.segment_index and s not in queued]
