@@ -154,16 +154,17 @@ class Copy:
         self.squeezed = False  # its limit is lowered while another model's weights wait for pages
         self._held: list[Any] = []  # the slot requests it holds
         self.gpu_label = "+".join(str(g.index) for g in gpus)
+        self._slots = sorted((g for g in gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
 
     # ---------------------------------------------------------------- the engine's host
     def acquire(self, engine: Engine):
         """Wait for the copy's GPUs (None: they are its now; a GPU without shared compute is never waited for)."""
-        gpus = sorted((g for g in self.gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
+        gpus = self._slots  # the GPUs whose compute it shares, in index order
         if not gpus or self._held:
             return None
         urgency = self._urgency(engine)
         if len(gpus) == 1:
-            self._held = gpus
+            self._held = list(gpus)
             return gpus[0].slot.take(self, urgency)
         return self.fleet.env.process(self._acquire_all(gpus, urgency))
 
