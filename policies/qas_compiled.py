@@ -193,7 +193,12 @@ class _Planned(NamedTuple):
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)  # shared, never written: what a round of one request leaves
-_NO_COUNTS = np.zeros(0)
+_NO_COUNTS = np.zeros(0)  # shared, never written: the next batch of a dispatch that left nothing
+
+
+def _took_whole(admitted: Sequence[WaitingRequest], order: list) -> bool:
+    """Whether the engine took the round's whole order (in any order of admission, nothing else with it)."""
+    return admitted is order or (len(admitted) == len(order) and {id(r) for r in admitted} == {id(r) for r in order})
 
 
 class EarlyKernels(NamedTuple):
@@ -419,16 +424,15 @@ class CompiledQAS(QAS):
         if planned is None:
             return
         one = planned.one
+        whole = len(planned.order) <= self.PYTHON_ROWS and _took_whole(admitted, planned.order)
         if one is not None:  # a round of one request: what the kernels' round would have left
-            took_it = admitted is planned.order or (len(admitted) == 1 and admitted[0] is planned.order[0])
-            if took_it and self._publish_changes(one.segments, one.active, one.hinted, ctx):
+            if whole and self._publish_changes(one.segments, one.active, one.hinted, ctx):
                 return
             base = self.params.w_a * one.active + self.params.w_g * self._counts(one, len(one.active))
             rows = self.table.rows(planned.order)  # registered now: the kernel's dispatch reads its row
             planned, self._k = planned._replace(order_rows=rows, base=base), self._kernels(1)
-        elif planned.active is not None and self._took_whole(admitted, planned.order):
-            counts = self._segment_counts(planned.order_rows)
-            if counts is not None and self._publish_changes(counts, *planned.active, ctx):
+        elif whole and planned.active is not None:
+            if self._publish_changes(self._segment_counts(planned.order_rows), *planned.active, ctx):
                 return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
@@ -448,12 +452,6 @@ class CompiledQAS(QAS):
 
     #: the most rows a dispatch reads in Python (_segment_counts): an engine's queue below the knee
     PYTHON_ROWS = 16
-
-    def _took_whole(self, admitted: Sequence[WaitingRequest], order: list) -> bool:
-        """Whether the engine took the whole order of a short round (any order of admission)."""
-        if admitted is order:
-            return len(order) <= self.PYTHON_ROWS
-        return len(admitted) == len(order) <= self.PYTHON_ROWS and {id(r) for r in admitted} == {id(r) for r in order}
 
     def _segment_counts(self, rows: np.ndarray) -> dict[int, int] | None:
         """Occurrences of each segment in these rows (system and reusable), for at most ``PYTHON_ROWS`` rows;

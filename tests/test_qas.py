@@ -208,7 +208,7 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
        f=st.integers(0, 4), q_cold=st.integers(0, 2), hint=st.integers(0, 3), wait=st.sampled_from([0.5, 1.0, 1.7]),
        front_end=st.booleans(), finish=st.lists(st.booleans(), min_size=64, max_size=64),
        weights=st.sampled_from([(1e6, 1e5, 1.0), (0.1, 0.7, 1 / 3), (0.0, 0.3, 0.1), (2.5, 0.0, 0.0)]))
-def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wait, front_end, finish, weights):
+def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, wait, front_end, finish, weights):
     """A round of one request runs in Python (``CompiledQAS._plan_one``), and its dispatch, like that of a short
     round the engine took whole (in any order), publishes only what may have changed: exactly what the kernels'
     round and dispatch give, round after round, in a mix of rounds of one and of several requests, whole or
@@ -250,7 +250,8 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
         if take == "stranger":  # the engine also took a request this round never ordered, with a segment seen
             queued = {s.id for r in plan.order for s in r.segments}  # before but not in the queue (its term counts)
             known = [s for s in "ABCDEFGH" if s in fast.table.segment_index and s not in queued]
-            admitted = [*plan.order[:1], req(rid, now, (*known[novel % max(len(known), 1):][:1], "Z", f"s{k}"))]
+            seen = [known[novel % len(known)]] if known else []
+            admitted = [*plan.order[:1], req(rid, now, (*seen, "Z", f"s{k}"))]
             rid += 1
         fast.on_dispatch(admitted, ctx_f)
         kern.on_dispatch(admitted if take != "all" else ref.order, ctx_k)
@@ -270,6 +271,33 @@ def test_a_round_of_one_request_is_the_kernels_round(steps, f, q_cold, hint, wai
                 h.release([s.id for s in r.segments if s.kind != PRIV])
             running.remove(r)
     assert fast.stats() == kern.stats()
+
+
+def test_a_request_taken_outside_the_round_loses_its_batch_term_next_round():
+    """The engine took the head of a round and a request the round never ordered, whose segment C was seen
+    before but is in no queue, and none of them has joined the running batch yet (a front end's engine admits
+    them at its next iteration): C's published P̂ carries that request's batch term. The next round, of one
+    request taken whole, must take the term back as the kernels' dispatch does, though neither a(C) moved nor
+    is C in its queue."""
+    cfg = QASConfig(w_a=0.1, w_n=0.7, w_g=1 / 3, f_front=2, q_cold=0, window_s=0.05)
+    fast, kern = CompiledQAS(cfg), CompiledQAS(cfg)
+    kern.small_rounds_in_python = False
+    hints = {fast: DemandHints(), kern: DemandHints()}
+
+    def round_of(qas, waiting, now, take):
+        ctx = SchedContext(now, NoCache(), (), hints[qas], batch_hint=2)
+        plan = qas.plan(waiting, ctx)
+        qas.on_dispatch(take(plan.order), ctx)
+        return plan.order
+
+    stranger = req(9, 0.5, ("C", "Z"))
+    for qas in (fast, kern):
+        round_of(qas, [req(0, 0.0, ("C",))], 0.2, lambda order: order)
+        order = round_of(qas, [req(1, 0.3, ("A", "B")), req(2, 0.4, ("A",))], 0.5,
+                         lambda order: [order[0], stranger])
+        round_of(qas, order[1:], 1.0, lambda order: order)
+    assert list(hints[fast].priority.items()) == list(hints[kern].priority.items())
+    assert "C" not in hints[kern].priority and "Z" not in hints[kern].priority  # the term went, and C has no a(r)
 
 
 @settings(max_examples=60, deadline=None)
