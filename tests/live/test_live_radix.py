@@ -233,3 +233,25 @@ def test_split_hands_segment_ownership_to_the_new_upper_node(clock):
     kids = sorted((c.seg_id, len(c.key), c.depth) for c in sys_node.children.values())
     assert kids == [("p1", 6, 10), ("p2", 5, 9)]
     assert dict(live.resident) == {"sys": 1, "p1": 1, "p2": 1}
+
+
+def test_a_hashed_branch_is_cut_as_a_fresh_one():
+    """``_cut``'s two paths give the same nodes: a branch this insert made, sliced once per part, and one whose
+    page hashes SGLang already computed, split by SGLang part by part (the offsets then relative to what is
+    left): the same keys and KV indices top-down, each part linked under the one above it, and the hashes
+    split by page."""
+    import torch
+
+    for hashed in (False, True):
+        cache = sglang_cache(LRU(), 1)
+        cache.insert(InsertParams(key=_key(np.arange(100, 112)), value=torch.arange(12)))
+        node = next(iter(cache.root_node.children.values()))
+        if hashed:
+            node.hash_value = [str(i) for i in range(12)]
+        chain = [*cache._cut(node, [3, 7]), node]
+        parents = [cache.root_node, *chain[:-1]]
+        assert all(n.parent is p and p.children[n.key.child_key(1)] is n for n, p in zip(chain, parents))
+        assert [list(n.key.token_ids) for n in chain] == [[100, 101, 102], [103, 104, 105, 106], list(range(107, 112))]
+        assert [n.value.tolist() for n in chain] == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11]]
+        if hashed:
+            assert [n.hash_value for n in chain] == [["0", "1", "2"], ["3", "4", "5", "6"], ["7", "8", "9", "10", "11"]]
