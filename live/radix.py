@@ -179,7 +179,8 @@ class PrismRadixCache(RadixCache):
             while owners[j][0] < end:  # SGLang made one edge across segment boundaries: cut off the parts above
                 j += 1
             if j > i:
-                for upper, (cut, kind, seg) in zip(self._cut(node, [c - pos for c, _, _ in owners[i:j]]), owners[i:j]):
+                cuts = owners[i:j]
+                for upper, (cut, kind, seg) in zip(self._cut(node, [c - pos for c, _, _ in cuts]), cuts):
                     self._tag(upper, kind, seg, cut)
             if owners[j][0] == end:
                 self._tag(node, owners[j][1], owners[j][2], end)
