@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from operator import is_
 from types import SimpleNamespace
 from typing import NamedTuple, Sequence
 
@@ -197,8 +198,10 @@ _NO_COUNTS = np.zeros(0)  # shared, never written: the next batch of a dispatch 
 
 
 def _took_whole(admitted: Sequence[WaitingRequest], order: list) -> bool:
-    """Whether the engine took the round's whole order (in any order of admission, nothing else with it)."""
-    return admitted is order or (len(admitted) == len(order) and {id(r) for r in admitted} == {id(r) for r in order})
+    """Whether the engine took the round's whole order and nothing else: in the plan's order, as engines admit
+    (compared pairwise, in C), or in any other."""
+    return admitted is order or (len(admitted) == len(order) and (
+        all(map(is_, admitted, order)) or {id(r) for r in admitted} == {id(r) for r in order}))
 
 
 class EarlyKernels(NamedTuple):
