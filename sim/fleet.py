@@ -155,6 +155,7 @@ class Copy:
         self._held: list[Any] = []  # the slot requests it holds
         self.gpu_label = "+".join(str(g.index) for g in gpus)
         self._slots = sorted((g for g in gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
+        self._pools = [g.memory for g in gpus]
 
     # ---------------------------------------------------------------- the engine's host
     def acquire(self, engine: Engine):
@@ -197,17 +198,18 @@ class Copy:
         first); squeezed, it admits nothing."""
         if not self.model.elastic:
             return
-        name = self.model.name
-        excess = max(g.memory.excess_tokens(name) for g in self.gpus)
+        name, pools = self.model.name, self._pools
+        excess = max([m.excess_tokens(name) for m in pools])
         if excess > 0 and engine.cache.evictable_size:
             engine.drop_cached(excess)
             self.settle(engine)
-        reach = min(g.memory.reach_tokens(name) for g in self.gpus)
-        if max(0, reach - _used(engine)) + engine.cache.evictable_size < len(engine.decoding):
+        reach = min([m.reach_tokens(name) for m in pools])
+        used = _used(engine)
+        if max(0, reach - used) + engine.cache.evictable_size < len(engine.decoding):
             for g in self.gpus:  # no token for each running request: the others' reclaimable memory first
                 self.fleet.reclaim(g, self)
-            reach = min(g.memory.reach_tokens(name) for g in self.gpus)
-        capacity = max(_used(engine), reach)
+            reach = min([m.reach_tokens(name) for m in pools])
+        capacity = max(used, reach)
         if self.squeezed:
             engine.batch_is_full = True
         elif capacity > engine.capacity:
@@ -220,18 +222,18 @@ class Copy:
         from the pre-mapped buffer costs nothing)."""
         if not self.model.elastic:
             return 0.0
-        cached = engine.cache.evictable_size
+        name, cached, used = self.model.name, engine.cache.evictable_size, _used(engine)
         # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
-        live = max(_used(engine), min(_used(engine) + engine.owed, engine.capacity)) - cached
+        live = max(used, min(used + engine.owed, engine.capacity)) - cached
         freed, seconds = False, 0.0
-        for g in self.gpus:
+        for m in self._pools:
             # fewer blocks in use is room for others (loadable pages: all but weights and blocks in use)
-            before = g.memory.kv_pages(self.model.name)
+            before = m.kv_pages(name)
             try:
-                seconds = max(seconds, g.memory.use(self.model.name, live, cached))
+                seconds = max(seconds, m.use(name, live, cached))
             except MemoryFull as e:
                 raise RuntimeError(f"fleet memory accounting: {e}") from None
-            freed |= g.memory.kv_pages(self.model.name) < before
+            freed |= m.kv_pages(name) < before
         if freed:
             for g in self.gpus:
                 g.notify()

@@ -31,6 +31,7 @@ is a lower bound on kvcached's (fragmentation inside blocks is not modelled).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from prism.calibration.loading import PAGE_BYTES, VmmCosts, pages_for_bytes
 from prism.calibration.profiles import GPU, Model
@@ -62,11 +63,11 @@ class KvLayout:
     def of(cls, model: Model, tp: int = 1, dtype_bytes: int = 2) -> "KvLayout":
         return cls(model.kv_bytes_per_token(dtype_bytes, tp), model.layers)
 
-    @property
+    @cached_property  # read on every iteration of an elastic engine (its pool's reach and blocks)
     def pages_per_block(self) -> int:
         return 2 * self.layers
 
-    @property
+    @cached_property
     def tokens_per_block(self) -> int:
         return PAGE_BYTES // (self.bytes_per_token // (2 * self.layers))
 
@@ -261,9 +262,14 @@ class GpuMemory:
         r = self._get(model)
         if live < 0 or cached < 0:
             raise ValueError(f"{self.name}: {model}: negative tokens")
+        need = r.layout.blocks(live + cached)
+        if need == r.blocks:  # most iterations: the same blocks, nothing to map or release
+            r.live, r.cached = live, cached
+            if r.buffer < self.buffer_min:
+                self._refill(r)
+            return 0.0
         held = r.blocks + r.buffer
         used = self.used_pages
-        need = r.layout.blocks(live + cached)
         t = 0.0
         if need > r.blocks:
             grow = need - r.blocks
