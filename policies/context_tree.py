@@ -35,17 +35,15 @@ Not modelled: batches of several contexts in one ``/reorder`` call (their hierar
 ``_schedule_incremental`` order, ``live_index.py:573-615, 820-851``), which per-request traffic never makes,
 and multi-turn deduplication.
 
-Cost. Each node keeps, per document, the children that hold it, so a search level looks only at the children
-sharing a document with the context, and computes the distance only for those whose shared count leaves them
-a chance to be the closest (``_contenders``): O(depth · k · sharing children) per search for k documents.
+Cost. A node of more than a few children keeps, per document, a row marking the children that hold it, so a
+search level counts what every child shares with the context in k vector adds for k documents, and computes
+the distance only for those whose shared count leaves them a chance to be the closest (``_contenders``).
 """
 
 from __future__ import annotations
 
 import struct
-from collections import Counter
-from itertools import chain, compress, count
-from operator import attrgetter
+from itertools import count
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
@@ -54,7 +52,6 @@ Doc = Hashable
 
 
 _F32 = struct.Struct("f")
-_DOCS = attrgetter("docs")
 #: up to this many children, a search level intersects each with the context instead of counting holders
 _FEW = 4
 
@@ -89,10 +86,10 @@ def reorder_with_prefix(context: Sequence[Doc], prefix: Sequence[Doc]) -> tuple[
 
 
 class Node:
-    """A node of the index. ``rank`` orders siblings as ContextPilot's children list does; ``by_doc`` maps a
-    document to the children whose documents hold it (insertion-ordered dicts used as sets)."""
+    """A node of the index. ``rank`` orders siblings as ContextPilot's children list does; ``columns``, once it
+    has more than a few children, counts which of them hold each document (:class:`_Columns`)."""
 
-    __slots__ = ("docs", "pos", "parent", "rank", "children", "by_doc", "owner")
+    __slots__ = ("docs", "pos", "parent", "rank", "children", "columns", "col", "owner")
 
     def __init__(self, docs: tuple[Doc, ...], parent: "Node | None", rank: int, owner: Any = None) -> None:
         self.docs = docs
@@ -100,12 +97,77 @@ class Node:
         self.parent = parent
         self.rank = rank
         self.children: dict[Node, None] = {}
-        self.by_doc: dict[Doc, dict[Node, None]] = {}
+        self.columns: _Columns | None = None
+        self.col = -1  # its column in its parent's columns
         self.owner = owner  # a leaf's request (whatever the caller keys it by); None for inner nodes
 
     @property
     def is_leaf(self) -> bool:
         return not self.children
+
+
+class _Columns:
+    """A node's children as columns, and per document a row marking the children that hold it (numpy): a
+    search level adds the context's rows to count what each child shares with it, in a few vector operations
+    however many children the node has (the root keeps thousands: every request that matched nothing, until a
+    search finds it evicted). A freed column is reused by the next child."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node | None] = []
+        self.free: list[int] = []
+        self.lengths = np.zeros(16)  # each column's child's document count (a float: it divides)
+        self.rows: dict[Doc, np.ndarray] = {}  # document -> holders, 1 per column that holds it
+        self.holders: dict[Doc, int] = {}  # document -> how many columns hold it (its row goes at 0)
+
+    def add(self, child: Node) -> None:
+        if self.free:
+            col = self.free.pop()
+            self.nodes[col] = child
+        else:
+            col = len(self.nodes)
+            self.nodes.append(child)
+            if col == len(self.lengths):
+                self._grow()
+        child.col = col
+        self.lengths[col] = len(child.docs)
+        rows, holders, width = self.rows, self.holders, len(self.lengths)
+        for d in child.pos:
+            row = rows.get(d)
+            if row is None:
+                row = rows[d] = np.zeros(width, np.uint16)
+            row[col] = 1
+            holders[d] = holders.get(d, 0) + 1
+
+    def drop(self, child: Node) -> None:
+        col = child.col
+        rows, holders = self.rows, self.holders
+        for d in child.pos:
+            if holders[d] == 1:
+                del rows[d], holders[d]
+            else:
+                rows[d][col] = 0
+                holders[d] -= 1
+        self.nodes[col] = None
+        self.free.append(col)
+
+    def _grow(self) -> None:
+        width = 2 * len(self.lengths)
+        self.lengths = np.concatenate([self.lengths, np.zeros(width - len(self.lengths))])
+        for d, row in self.rows.items():
+            self.rows[d] = np.concatenate([row, np.zeros(width - len(row), np.uint16)])
+
+    def shared(self, pos: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The columns of the children sharing a document with the context, and how many each shares."""
+        rows = self.rows
+        mine = [rows[d] for d in pos if d in rows]
+        if not mine:
+            return _NONE, _NONE
+        counts = mine[0] if len(mine) == 1 else np.add.reduce(mine)
+        cols = np.flatnonzero(counts)
+        return cols, counts[cols]
+
+
+_NONE = np.zeros(0, np.intp)
 
 
 class Match:
@@ -139,16 +201,17 @@ class ContextIndex:
     def _attach(self, parent: Node, child: Node) -> None:
         child.parent = parent
         parent.children[child] = None
-        for d in child.pos:
-            parent.by_doc.setdefault(d, {})[child] = None
+        if parent.columns is not None:
+            parent.columns.add(child)
+        elif len(parent.children) > _FEW:  # from now on a search counts shared documents by columns
+            parent.columns = _Columns()
+            for c in parent.children:
+                parent.columns.add(c)
 
     def _detach(self, parent: Node, child: Node) -> None:
         del parent.children[child]
-        for d in child.pos:
-            holders = parent.by_doc[d]
-            del holders[child]
-            if not holders:
-                del parent.by_doc[d]
+        if parent.columns is not None:
+            parent.columns.drop(child)
 
     def _new_leaf(self, parent: Node, docs: tuple[Doc, ...], owner: Any) -> Node:
         leaf = Node(docs, parent, next(self._ranks), owner)
@@ -220,20 +283,17 @@ class ContextIndex:
         documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
         exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
         smallest upper bound can neither win nor tie: only the others get their distance computed. The
-        counting and the bounds run in C (a Counter over the holders, numpy): near the root a document has
-        hundreds of holders."""
-        by_doc = node.by_doc
-        shared = Counter(chain.from_iterable([by_doc[d] for d in pos if d in by_doc]))  # child -> shared
-        n = len(shared)
-        if n <= 2:
-            return list(shared)
-        k = np.fromiter(shared.values(), np.float64, n)
-        m = np.fromiter(map(len, map(_DOCS, shared)), np.float64, n)
-        np.maximum(m, length, out=m)
-        low = 1.0 - k / m
-        bound = min(2.0, float((low + self.alpha * (m - 1)).min()))
-        cut = _F32.unpack(_F32.pack(bound))[0]
-        return list(compress(shared, (low.astype(np.float32) <= cut).tolist()))  # cut is a float32: exact
+        counting and the bounds run in numpy (the node's columns): near the root a document has hundreds of
+        holders."""
+        columns = node.columns
+        cols, k = columns.shared(pos)
+        if len(cols) > 2:
+            m = np.maximum(columns.lengths[cols], length)
+            low = 1.0 - k / m
+            bound = min(2.0, float((low + self.alpha * (m - 1)).min()))
+            cut = _F32.unpack(_F32.pack(bound))[0]
+            cols = cols[low.astype(np.float32) <= cut]  # cut is a float32: exact
+        return list(map(columns.nodes.__getitem__, cols.tolist()))
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:
         """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune

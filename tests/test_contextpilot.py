@@ -16,7 +16,7 @@ from contextpilot_reference import RefIndex, ref_distance
 from prism.core import PRIV, REUSE, SYS, SegmentTable, realigned, serialize, serialize_bytes
 from prism.policies.base import SchedContext
 from prism.policies import context_tree
-from prism.policies.context_tree import ContextIndex, distance, reorder_with_prefix
+from prism.policies.context_tree import ContextIndex, distance, positions, reorder_with_prefix
 from prism.policies.contextpilot import ContextPilot, ContextPilotConfig
 from prism.policies.lpm import LPM
 from prism.sim.radix_cache import RadixCache
@@ -265,6 +265,31 @@ def test_the_index_grows_and_prunes_as_the_code_does(cs, drops, alpha, fixed):
     for few in (context_tree._FEW, 1):
         with patch.object(context_tree, "_FEW", few):
             grow_and_prune(cs, drops, alpha, fixed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cs=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=3, unique=True), min_size=30, max_size=120),
+       drops=st.lists(st.integers(0, 59), max_size=50))
+def test_a_node_of_many_children_counts_them_by_columns_as_the_code_does(cs, drops):
+    """A root of many children (contexts of few documents from a large set mostly match nothing): its columns
+    grow past their first width, removed children free columns that later ones reuse, and every search still
+    finds what the transcription's, which compares every child."""
+    grow_and_prune(cs, drops, 0.001, [False] * len(cs))
+
+
+def test_columns_count_the_shared_documents_of_each_child():
+    index = ContextIndex()
+    leaves = [index.insert((f"d{i}", f"e{i % 3}"), i)[1] for i in range(40)]  # one shared doc in three
+    for leaf in leaves[::2]:
+        index.remove(leaf)
+    _, again = index.insert(("z", "e1"), 99)  # takes a freed column
+    columns = index.root.columns
+    assert len(index.root.children) == 21 and len(columns.nodes) == 40 and columns.nodes[again.col] is again
+    cols, shared = columns.shared(positions(("d1", "e1", "q")))
+    got = {columns.nodes[c].docs: int(k) for c, k in zip(cols.tolist(), shared.tolist())}
+    want = {leaf.docs: len({"d1", "e1"} & set(leaf.docs)) for leaf in index.root.children}
+    assert got == {docs: k for docs, k in want.items() if k}
+    assert "d0" not in columns.rows and columns.holders["e1"] == sum("e1" in c.docs for c in index.root.children)
 
 
 def grow_and_prune(cs, drops, alpha, fixed):
