@@ -251,13 +251,11 @@ class ContextIndex:
                 return Match(node, len(have & node.pos.keys()), True)
             if alive is not None and best not in live and not self._live(best, alive, live):
                 return _AGAIN
-            overlap = len(have & best.pos.keys())
-            if best.docs[0] in have:
-                if not best.is_leaf:
-                    node = best
-                    continue
-                return Match(best, overlap, True)
-            return Match(best, overlap, False)
+            prefix = best.docs[0] in have
+            if prefix and not best.is_leaf:
+                node = best
+                continue
+            return Match(best, len(have & best.pos.keys()), prefix)
 
     def _closest(self, node: Node, pos: dict, length: int) -> Node | None:
         """The child at the smallest distance among those sharing a document (ties: the earlier), or None. A
