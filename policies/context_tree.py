@@ -162,7 +162,8 @@ class _Columns:
         mine = [rows[d] for d in pos if d in rows]
         if not mine:
             return _NONE, _NONE
-        counts = sum(mine[1:], mine[0])  # rows added in turn: np.add.reduce would stack them first
+        first = mine[0] if len(mine) < 1 << 16 else mine[0].astype(np.int64)  # a count fits the rows' uint16
+        counts = sum(mine[1:], first)  # rows added in turn: np.add.reduce would stack them first
         cols = (counts != 0).nonzero()[0]  # numpy finds a bool array's nonzeros four times as fast
         return cols, counts[cols]
 

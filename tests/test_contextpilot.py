@@ -292,6 +292,17 @@ def test_columns_count_the_shared_documents_of_each_child():
     assert "d0" not in columns.rows and columns.holders["e1"] == sum("e1" in c.docs for c in index.root.children)
 
 
+def test_columns_count_past_the_rows_width():
+    """A context of 70,000 documents shares them all with a child: the count does not wrap at 2^16."""
+    index = ContextIndex()
+    docs = tuple(range(70_000))
+    leaf = index.insert(docs, 0, reorder=False)[1]
+    for i in range(5):
+        index.insert((f"other{i}",), 1 + i, reorder=False)
+    cols, shared = index.root.columns.shared(positions(docs))
+    assert index.root.columns.nodes[int(cols[0])] is leaf and shared.tolist() == [70_000]
+
+
 def grow_and_prune(cs, drops, alpha, fixed):
     mine, ref = ContextIndex(alpha), RefIndex(alpha)
     mine_leaf, ref_leaf = {}, {}
