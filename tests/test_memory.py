@@ -63,6 +63,19 @@ def test_blocks_come_from_the_buffer_first_then_fresh_pages_on_the_path():
     assert tight.free_pages == 0 and tight.room_tokens("m") == 0
 
 
+def test_the_same_blocks_again_still_refill_the_buffer_from_pages_freed_meanwhile():
+    g = GpuMemory(64 * 20)
+    g.load("m", 0, LLAMA8)  # its buffer: 5 blocks
+    g.load("o", 15 * 64 * PAGE_BYTES, LLAMA8)  # the other 15 blocks' pages: none left for o's buffer
+    assert g.use("m", 5 * 1024, 0) == 0.0 and g.buffer_pages("m") == 0  # taken from its buffer, none to refill
+    g.unload("o")
+    before = g.counters.background_s
+    assert g.use("m", 5 * 1024 - 100, 0) == 0.0  # the same five blocks: nothing mapped on the path
+    assert g.kv_pages("m") == 5 * 64 and g.used_tokens("m") == (5 * 1024 - 100, 0)
+    assert g.buffer_pages("m") == 5 * 64 and g.counters.background_s == pytest.approx(before + 320 * MAP_PAGE)
+    assert g.free_pages == 64 * 20 - 10 * 64
+
+
 def test_freed_blocks_return_to_the_buffer_up_to_its_bound_the_rest_unmapped():
     g = loaded()
     g.use("m", 40 * 1024, 0)
