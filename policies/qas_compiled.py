@@ -393,12 +393,12 @@ class CompiledQAS(QAS):
         for s in cells:
             if s >= 0:
                 counts[s] = counts.get(s, 0) + 1
-        w_a, w_g = self.params.w_a, self.params.w_g
-        base = {s: w_a * float(a[s]) + w_g * c for s, c in counts.items()}
         reusable = cells[1:]
         lead = 0 if r.fixed_order or m < 2 else min(cfg.f_front, m)
         align = {}
         if lead:
+            w_a, w_g = self.params.w_a, self.params.w_g
+            base = {s: w_a * float(a[s]) + w_g * c for s, c in counts.items()}
             top = sorted(range(m), key=lambda j: (-base[reusable[j]], reusable[j], j))[:lead]
             aligned = [reusable[j] for j in top] + [s for j, s in enumerate(reusable) if j not in top]
             if aligned != reusable:
