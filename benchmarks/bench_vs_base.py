@@ -6,7 +6,9 @@ commit's (issue 31's targets are ratios to 508aed3 on the shared prefix workload
         [--profile h100-sxm-80g:llama-3.1-8b] [--qps 50] [--new-set qas.front_end=arrivals]
 
 A case is ``REQUESTS:POOL:METHOD`` (POOL ``gpu``: the profile's GPU-sized pool, ``engine.max_total_tokens=null``;
-a number: that many tokens). Each process runs the interpreter's ``prism.cli.sim`` as the console script does,
+a number: that many tokens), or ``fleet:SHARING:GPUS``: several models sharing GPUs as ``bench_fleet.py`` runs
+them (``multimodel-18`` at rate scale 2, the scheme SHARING on GPUS GPUs, 0: the scheme's own count; issue 31:
+the fleet's cost per request). Each process runs the interpreter's ``prism.cli.sim`` as the console script does,
 from an empty temporary folder (no checkout's folder shadows its installed package) with ``--no-progress``; the
 time is the parent's, launch to exit, interpreter start and imports included; the peak RSS is the child's own
 (``wait4``). Both sides read the same trace spec file (this checkout's). Every repeat runs each case on both
@@ -58,6 +60,9 @@ def run_once(python: str, argv: list[str]) -> tuple[float, float]:
 
 def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[str]:
     n, pool, method = case.split(":")
+    if n == "fleet":  # fleet:SHARING:GPUS
+        return ["--trace", "multimodel-18", "--sharing", pool, "--set", "fleet.rate_scale=2", "--no-progress",
+                *(["--gpus", method] if int(method) else [])]
     argv = ["--trace", trace, *(["--profile", profile] if profile else []), "--method", method, "--no-progress",
             "--set", f"trace.num_requests={int(n)}",
             "--set", f"engine.max_total_tokens={'null' if pool == 'gpu' else int(pool)}"]
@@ -96,14 +101,16 @@ def main() -> None:
             print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} s, "
                   f"new {walls[case, 'new'][-1]:.2f} s", file=sys.stderr, flush=True)
     print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}"
-          + (f"; the new side also --set {' '.join(args.new_set)}" if args.new_set else ""))
+          + (f"; the new side also --set {' '.join(args.new_set)}" if args.new_set else "")
+          + ("; fleet cases: multimodel-18 at rate scale 2" if any(c.startswith("fleet:") for c in cases) else ""))
     print(f"{'case':24s} {'old_med':>8s} {'new_med':>8s} {'ratio':>6s} {'old_min':>8s} {'new_min':>8s} "
           f"{'r_min':>6s} {'target':>6s} {'old_rss':>8s} {'new_rss':>8s} {'old/fcfs':>8s} {'new/fcfs':>8s}")
     rows = []
     for case in cases:
         o, n = walls[case, "old"], walls[case, "new"]
         size, pool, method = case.split(":")
-        target = TARGETS.get((int(size), pool, method)) if Path(args.trace).name == "prefix20.yaml" else None
+        target = TARGETS.get((int(size), pool, method)) if size.isdigit() and Path(args.trace).name == "prefix20.yaml" \
+            else None
         row = {"case": case, "old_median_s": statistics.median(o), "new_median_s": statistics.median(n),
                "old_min_s": min(o), "new_min_s": min(n), "old_rss_mib": rss[case, "old"],
                "new_rss_mib": rss[case, "new"], "target": target, "old_s": o, "new_s": n}
