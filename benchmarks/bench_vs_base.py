@@ -17,6 +17,11 @@ Printed per case: the median and the fastest of each side, the ratio new/old of 
 fastest), the target where the issue sets one, the peak RSS of each side, and each side's median over its own
 fcfs median of the same size and pool where the cases include it (issue 31: every method within 1.5x fcfs on
 zipf: ``--trace zipf --profile ''``). ``--json`` writes the figures.
+
+Before timing, each side's checkout is compiled to bytecode (``compileall``). Python caches a module's bytecode
+when it first imports it, unless ``PYTHONDONTWRITEBYTECODE`` is set (as on these machines): then a checkout
+made for a benchmark, which has no caches, compiles every module it imports in every process, about 0.04 s, a
+seventh of a 2,048-request run, while a working checkout keeps the caches an earlier run left.
 """
 
 from __future__ import annotations
@@ -58,6 +63,17 @@ def run_once(python: str, argv: list[str]) -> tuple[float, float]:
         return wall, usage.ru_maxrss / 1024
 
 
+def compile_checkout(python: str) -> str:
+    """Compile to bytecode the checkout whose ``prism`` this interpreter imports (module docstring); its root."""
+    with tempfile.TemporaryDirectory() as tmp:
+        where = "import pathlib, prism; print(pathlib.Path(prism.__file__).parent.parent)"
+        root = subprocess.run([python, "-c", where], cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
+        skip = r"/(\.venv[^/]*|\.git|tests|notebooks)(/|$)"
+        subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", skip, root], cwd=tmp,
+                       stdout=subprocess.DEVNULL, check=True)
+    return root
+
+
 def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[str]:
     n, pool, method = case.split(":")
     if n == "fleet":  # fleet:SHARING:GPUS
@@ -87,6 +103,8 @@ def main() -> None:
     new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    for side, python in sides.items():
+        print(f"# {side}: {compile_checkout(python)} compiled to bytecode", file=sys.stderr, flush=True)
     walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}
     rss: dict[tuple[str, str], float] = {}
     for rep in range(args.repeat):
