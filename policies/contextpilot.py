@@ -106,7 +106,10 @@ class ContextPilot(Scheduler):
             return Plan(self.engine.plan(waiting, ctx).order, self.align)
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r, r.key)) for r in waiting]  # a retracted one
-        return Plan([s.request for s in self.engine.plan(as_sent, ctx).order], self.align)
+        order = self.engine.plan(as_sent, ctx).order
+        if order is as_sent:  # the engine kept the queue's order (LPM past its threshold): the queue itself, which
+            return Plan(waiting, self.align)  # an engine then loses its admitted head in place instead of copying it
+        return Plan([s.request for s in order], self.align)
 
     def _send(self, r: WaitingRequest, alive) -> None:
         """Index the request and put its documents in their new order (ContextPilot's proxy, one context)."""
