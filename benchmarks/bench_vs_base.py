@@ -18,10 +18,12 @@ fastest), the target where the issue sets one, the peak RSS of each side, and ea
 fcfs median of the same size and pool where the cases include it (issue 31: every method within 1.5x fcfs on
 zipf: ``--trace zipf --profile ''``). ``--json`` writes the figures.
 
-Before timing, each side's checkout is compiled to bytecode (``compileall``). Python caches a module's bytecode
-when it first imports it, unless ``PYTHONDONTWRITEBYTECODE`` is set (as on these machines): then a checkout
-made for a benchmark, which has no caches, compiles every module it imports in every process, about 0.04 s, a
-seventh of a 2,048-request run, while a working checkout keeps the caches an earlier run left.
+Both sides run with compiled bytecode, as ``bench_start.py``'s ``cached`` condition: each side's checkout is
+compiled (``compileall``) into a temporary ``PYTHONPYCACHEPREFIX`` of its own, which its processes then read, so
+the checkouts are left as they were. Python caches a module's bytecode when it first imports it, unless
+``PYTHONDONTWRITEBYTECODE`` is set (as on these machines): then a checkout made for a benchmark, which has no
+caches, compiles every module it imports in every process (about 0.04 s, a seventh of a 2,048-request run),
+while a working checkout reads the caches an earlier run left.
 """
 
 from __future__ import annotations
@@ -46,12 +48,12 @@ TARGETS = {**{(20480, pool, m): 0.75 for pool in ("gpu", "32768") for m in ("fcf
 DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204800)
 
 
-def run_once(python: str, argv: list[str]) -> tuple[float, float]:
+def run_once(python: str, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.Popen([python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())",
-                                 *argv, "--out", f"{tmp}/run"], cwd=tmp, stdout=subprocess.DEVNULL,
+                                 *argv, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
@@ -63,15 +65,19 @@ def run_once(python: str, argv: list[str]) -> tuple[float, float]:
         return wall, usage.ru_maxrss / 1024
 
 
-def compile_checkout(python: str) -> str:
-    """Compile to bytecode the checkout whose ``prism`` this interpreter imports (module docstring); its root."""
+def compiled_env(python: str, cache: str) -> tuple[dict[str, str], str]:
+    """The environment in which ``python``'s processes read the bytecode of its checkout (the one whose ``prism``
+    it imports), compiled into ``cache`` (module docstring); and the checkout's root."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = cache
     with tempfile.TemporaryDirectory() as tmp:
         where = "import pathlib, prism; print(pathlib.Path(prism.__file__).parent.parent)"
-        root = subprocess.run([python, "-c", where], cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
+        root = subprocess.run([python, "-c", where], cwd=tmp, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
         skip = r"/(\.venv[^/]*|\.git|tests|notebooks)(/|$)"
-        subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", skip, root], cwd=tmp,
+        subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", skip, root], cwd=tmp, env=env,
                        stdout=subprocess.DEVNULL, check=True)
-    return root
+    return env, root
 
 
 def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[str]:
@@ -103,8 +109,11 @@ def main() -> None:
     new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    caches = tempfile.TemporaryDirectory()
+    envs = {}
     for side, python in sides.items():
-        print(f"# {side}: {compile_checkout(python)} compiled to bytecode", file=sys.stderr, flush=True)
+        envs[side], root = compiled_env(python, f"{caches.name}/{side}")
+        print(f"# {side}: {root}, compiled to bytecode", file=sys.stderr, flush=True)
     walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}
     rss: dict[tuple[str, str], float] = {}
     for rep in range(args.repeat):
@@ -113,7 +122,7 @@ def main() -> None:
             argv = case_argv(case, trace, args.profile, args.qps)
             order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
             for side in order:
-                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []))
+                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []), envs[side])
                 walls[case, side].append(wall)
                 rss[case, side] = max(rss.get((case, side), 0.0), peak)
             print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} s, "
@@ -145,6 +154,7 @@ def main() -> None:
               f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    caches.cleanup()
 
 
 if __name__ == "__main__":
