@@ -158,7 +158,6 @@ class _Ranked:
             self._fifo.insert(i, r)
             self._request[r.id] = r
             self._place(key, self.memo.add(r.id, r.key))
-        self._expected = list(self._fifo)
 
     def _remove(self, rid: int) -> None:
         r = self._request.pop(rid)
