@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from conftest import PRIV, REUSE, SYS, brute_force_hits, make_trace, need_data
-from prism.core import Request, SegmentTable
+from prism.core import Request, SegmentTable, hashed_tokens, output_token_bytes
+from prism.core import _OUTPUT_SEED
 from prism.errors import UserError
 from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
@@ -151,6 +152,15 @@ def test_different_segments_never_share_a_first_token(big):
         for s in r.segments:
             firsts.setdefault(int(s.tokens[0]), set()).add(s.id)
     assert all(len(ids) == 1 for ids in firsts.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 5000), min_size=1, max_size=12))
+def test_output_tokens_are_one_stream_cut_to_each_length(counts):
+    """Whatever lengths are asked for, in whatever order (the stream grows as longer ones come), a request's
+    output tokens are the shared stream's first ones, hashed by position."""
+    for n in counts:
+        assert output_token_bytes(n) == hashed_tokens(_OUTPUT_SEED, 0, n).tobytes()
 
 
 def test_jsonl_round_trip(tmp_path, tiny_zipf):
