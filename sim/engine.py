@@ -304,7 +304,8 @@ class Engine:
             if adder.chunk <= 0 or adder.input <= 0:  # no budget left
                 break
             seq.realign(plan.align.get(seq.id))  # it matters once the request reaches the cache: applied here
-            hit, node = self.cache.match(seq.fill_key()[:-TOKEN_BYTES], now, seq.layout)
+            key = seq.fill_key()
+            hit, node = self.cache.match(key, now, seq.layout, end=len(key) - TOKEN_BYTES)
             self.cache.lock(node)
             new = seq.fill_len - hit
             take, owed = adder.try_add(seq, new, hit, self._available())
@@ -372,7 +373,7 @@ class Engine:
             tail = seq.kv_len - seq.node.depth  # computed before this chunk, not in the tree
             seq.kv_len += take
             self.inflight -= take
-            _, node = self.cache.insert(seq.fill_key()[:seq.kv_len * TOKEN_BYTES], now, seq.layout, start=seq.node)
+            _, node = self.cache.insert(seq.fill_key(), now, seq.layout, start=seq.node, end=seq.kv_len * TOKEN_BYTES)
             self.tails += seq.kv_len - node.depth - tail
             self.cache.relock(seq.node, node)
             seq.node = node

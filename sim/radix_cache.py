@@ -103,31 +103,31 @@ class RadixCache(PrefixTree):
             log.append((node, page))
 
     # ---------------------------------------------------------------- lookups (peeks: PrefixTree's)
-    def match(self, key: bytes, now: float, layout: Layout | None = None) -> tuple[int, Node]:
-        """Match for admission: split a partly matched node, refresh access times and hit counts.
+    def match(self, key: bytes, now: float, layout: Layout | None = None, end: int | None = None) -> tuple[int, Node]:
+        """Match ``key[:end]`` for admission: split a partly matched node, refresh access times and hit counts.
 
         Returns the matched length and the last matched node (lock it while the request runs).
         """
-        node, pos, _ = self._walk(key, self.root, 0, True, now, True, layout)
+        node, pos, _ = self._walk(key, self.root, 0, True, now, True, layout, end=end)
         return pos // TOKEN_BYTES, node
 
     # ---------------------------------------------------------------- insertion
     def insert(self, key: bytes, now: float, layout: Layout | None = None,
-               start: Node | None = None) -> tuple[int, Node]:
-        """Insert ``key`` (cut to whole pages); return (tokens newly added, last node of the key).
+               start: Node | None = None, end: int | None = None) -> tuple[int, Node]:
+        """Insert ``key[:end]`` (cut to whole pages); return (tokens newly added, last node of the key).
 
         ``start``: a node on the key's path that the caller keeps locked (a request's own cached prefix, so
         nothing above it can be evicted). Its path is refreshed through parent links and tokens are compared
         only below it, with the same result as a walk from the root."""
-        n = len(key) - len(key) % self._pb
-        key = key[:n]
+        n = len(key) if end is None else end
+        n -= n % self._pb
         node, pos = self.root, 0
         if start is not None:
             node, pos = start, start.depth * TOKEN_BYTES
             while start is not self.root:
                 start.last_access_time = now
                 start = start.parent
-        node, pos, _ = self._walk(key, node, pos, True, now, False, layout)
+        node, pos, _ = self._walk(key, node, pos, True, now, False, layout, end=n)
         added = 0
         if pos < n:  # the rest of the key is new
             cuts = pieces(layout, pos // TOKEN_BYTES, n // TOKEN_BYTES, self.page_size, self.anchors)
@@ -138,8 +138,8 @@ class RadixCache(PrefixTree):
 
     def _new_branch(self, parent: Node, key: bytes, pos: int, pieces: list[tuple[int, str, str]],
                     now: float) -> Node:
-        """Hang ``key[pos:]`` under ``parent`` as a chain of new nodes, one per piece, accessed ``now`` (as
-        SGLang stamps a new node); return the last (the only new leaf)."""
+        """Hang ``key[pos:]``, up to the last piece's cut, under ``parent`` as a chain of new nodes, one per piece,
+        accessed ``now`` (as SGLang stamps a new node); return the last (the only new leaf)."""
         pb = self._pb
         if not parent.children and parent is not self.root:
             self._drop_leaf(parent)

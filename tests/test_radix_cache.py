@@ -72,6 +72,33 @@ def test_cache_matches_brute_force(ops, page, capacity, anchors):
         assert cache.size <= max(capacity, locked_tokens + len(seq))
 
 
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "match"]), seqs, st.integers(0, 30)), min_size=1,
+                    max_size=40),
+       page=st.sampled_from([1, 2, 4]), anchors=st.booleans())
+def test_a_walk_to_an_end_equals_a_walk_of_the_cut_key(ops, page, anchors):
+    """match and insert of ``key`` up to ``end`` (the engine's prompt less its last token, its part computed so
+    far) do to the tree what they do with ``key[:end]``: the same results, the same nodes, stamps and splits."""
+    cut, bounded = RadixCache(None, page, anchors=anchors), RadixCache(None, page, anchors=anchors)
+    for clock, (op, seq, e) in enumerate(ops):
+        k, end = key(seq), min(e, len(seq)) * 4
+        layout = [(len(seq) // 2, "reuse", "a"), (len(seq), "priv", "b")]
+        if op == "insert":
+            a, na = cut.insert(k[:end], float(clock), layout)
+            b, nb = bounded.insert(k, float(clock), layout, end=end)
+        else:
+            a, na = cut.match(k[:end], float(clock), layout)
+            b, nb = bounded.match(k, float(clock), layout, end=end)
+        assert (a, na.depth, na.position) == (b, nb.depth, nb.position)
+        assert _shape(cut) == _shape(bounded)
+    bounded.check()
+
+
+def _shape(cache):
+    return sorted((n.position, n.key, n.depth, n.last_access_time, n.hit_count, n.kind, n.seg_id, n.parent.position)
+                  for n in cache.nodes())
+
+
 def _path(cache, node):
     out = []
     while node is not cache.root:
