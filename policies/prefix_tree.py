@@ -68,21 +68,20 @@ class PrefixTree:
 
         Returns the last node matched whole, its end in bytes of ``key``, and the partly matched child where a
         peek stopped (None if the walk ended at a node boundary)."""
-        pb = self._pb
-        last = (len(key) if end is None else end) - pb  # where the last whole page starts: a child is keyed by one
-        while pos <= last:
+        pb, n = self._pb, len(key) if end is None else end
+        while pos + pb <= n:  # a child is keyed by a whole page
             child = node.children.get(key[pos:pos + pb])
             if child is None:
                 break
             if path is not None:
                 path.append((child.position, child.depth))
             ck = child.key
-            if not key.startswith(ck, pos, last + pb):
+            if not key.startswith(ck, pos, n):
                 if not split:
                     return node, pos, child
                 if now is not None and self.stamps_split_child:
                     child.last_access_time = now
-                child = self._split(child, self._lcp(ck, key[pos:min(pos + len(ck), last + pb)]), layout)
+                child = self._split(child, self._lcp(ck, key[pos:min(pos + len(ck), n)]), layout)
                 ck = child.key
             if now is not None:
                 child.last_access_time = now

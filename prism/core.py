@@ -285,8 +285,8 @@ def output_token_bytes(count: int) -> bytes:
 
     They follow the request's private suffix, so their radix path is private whatever their values; one
     shared stream (cut to ``count``: each token depends on its position alone) keeps the simulator from hashing
-    per request. The stream is made once and doubled when a longer cut is asked for (a cache per count missed
-    on every finish where output lengths vary: 4% of a multimodel-18 fleet's simulation went to hashing them)."""
+    per request, or per length: most traces' output lengths vary. It is made once and doubled when a longer cut
+    is asked for."""
     stream, n = _output_stream[0], count * TOKEN_BYTES
     if len(stream) < n:
         longer = max(count, 2 * len(stream) // TOKEN_BYTES)
