@@ -107,8 +107,10 @@ class ContextPilot(Scheduler):
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r, r.key)) for r in waiting]  # a retracted one
         order = self.engine.plan(as_sent, ctx).order
-        if order is as_sent:  # the engine kept the queue's order (LPM past its threshold): the queue itself, which
-            return Plan(waiting, self.align)  # an engine then loses its admitted head in place instead of copying it
+        # the engine kept the queue's order (LPM past its threshold): hand back the queue itself, whose admitted
+        # head an engine then drops in place, as after FCFS, instead of copying the backlog
+        if order is as_sent:
+            return Plan(waiting, self.align)
         return Plan([s.request for s in order], self.align)
 
     def _send(self, r: WaitingRequest, alive) -> None:
