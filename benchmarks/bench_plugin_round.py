@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     kernel, t = compiled().plan_round, qas.table
     n = len(t.segment_names)
-    call = (t.prompts, qas._kernel_params, np.arange(3), np.arange(3), np.zeros(n), np.zeros(n), 3, t.arrival, 0.0,
+    call = (t.prompts, qas._kernel_params, np.arange(3), np.arange(3), np.zeros(n), 3, t.arrival, 0.0,
             np.inf, 1)
     named = njit(lambda *a: Round(*kernel(*a)))  # what numba boxes through Python
     named(*call)

@@ -194,7 +194,6 @@ class _Planned(NamedTuple):
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)  # shared, never written: what a round of one request leaves
-_NO_COUNTS = np.zeros(0)  # shared, never written: the next batch of a dispatch that left nothing
 
 
 def _took_whole(admitted: Sequence[WaitingRequest], order: list) -> bool:
@@ -257,7 +256,7 @@ class CompiledQAS(QAS):
                              cfg.q_cold, cfg.buckets)
         self._kernel_params = tuple(self.params)  # a plain tuple, as the kernels take it
         self.table = RequestTable()
-        self._next_batch = np.zeros(0)  # n(r) over the predicted next batch, by segment index
+        self._next_rows = _NO_ROWS  # the predicted next batch's rows
         self._planned: _Planned | None = None  # the last plan, until its dispatch
         self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
         self._published = np.zeros(0)  # the last published P̂, by segment index
@@ -290,23 +289,24 @@ class CompiledQAS(QAS):
             return None
         waiting, rnd = self._last_round
         if isinstance(rnd, _One):  # the round the kernel would have made, on a table of its request alone
-            cells, n = rnd.cells, len(rnd.active)
+            cells = rnd.cells
             prompts = Prompts(np.array([cells]), np.array([len(cells) - 1]), np.array([waiting[0].fixed_order]),
                               len(cells))
             one_row = np.zeros(1, dtype=np.int64)
             hint, arrival, now, wait, n_align = rnd.inputs
             rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, rnd.active,
-                                                np.zeros(n), hint, np.array([arrival]), now, wait, n_align))
+                                                hint, np.array([arrival]), now, wait, n_align))
         names = self.table.segment_names
-        return {"priority": {names[i]: float(rnd.priority[i]) for i in np.flatnonzero(rnd.priority)},
+        return {"priority": {names[i]: float(rnd.base[i]) for i in np.flatnonzero(rnd.base)},  # P(r; ∅)
                 "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
                             for s, k, score in zip(rnd.bucket_start.tolist(), rnd.bucket_size.tolist(),
                                                    rnd.bucket_score.tolist())]}
 
     @property
     def next_counter(self) -> Counter:
-        names = self.table.segment_names
-        return Counter({names[i]: int(c) for i, c in enumerate(self._next_batch) if c})
+        t, names = self.table, self.table.segment_names
+        return Counter(names[s] for r in self._next_rows.tolist()
+                       for s in t.segments[r, :1 + t.n_reusable[r]].tolist() if s >= 0)
 
     def _active(self, ctx: SchedContext, n_segments: int) -> np.ndarray:
         """a(r) by segment index. Kept between rounds and brought up to date from the changes the engine noted
@@ -356,9 +356,9 @@ class CompiledQAS(QAS):
         self._k = k = self._kernels(len(queued))
         wait = cfg.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
         active = self._active(ctx, n_segments)
-        rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age,  # by P(r; ∅): no next batch
-                                  active, np.zeros(n_segments), ctx.batch_hint or len(waiting),
-                                  table.arrival, ctx.now, wait, min(ctx.batch_hint, len(waiting))))
+        rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age, active,
+                                  ctx.batch_hint or len(waiting), table.arrival, ctx.now, wait,
+                                  min(ctx.batch_hint, len(waiting))))
         order = [waiting[p] for p in rnd.order.tolist()]
         self._planned = _Planned(order, rnd.order_rows, rnd.base,
                                  active=(active, ctx.hints is not None) if self.small_rounds_in_python else None)
@@ -441,7 +441,7 @@ class CompiledQAS(QAS):
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
         out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
                                          self.params.w_n, len(self.table.segment_names), self._published))
-        self._next_batch = out.next_batch
+        self._next_rows = out.next_rows
         remaining = list(planned.order)
         for p in reversed(out.taken_positions.tolist()):
             del remaining[p]
@@ -487,7 +487,7 @@ class CompiledQAS(QAS):
         last publication was a long queue's, or a(r) was read afresh): the kernel publishes."""
         hints, table = ctx.hints, self.table
         if hints is None:
-            self._next_batch = _NO_COUNTS
+            self._next_rows = _NO_ROWS
             table.expect((), _NO_ROWS)
             return True
         if not hinted or self._a_moved is None or self._pub_terms is None:
@@ -516,7 +516,7 @@ class CompiledQAS(QAS):
             if new < was:
                 fell.append(names[s])
         self._pub_terms, self._a_moved = list(counts), set()
-        self._next_batch = _NO_COUNTS
+        self._next_rows = _NO_ROWS
         table.expect((), _NO_ROWS)
         hints.publish(out, fell)
         return True
@@ -566,7 +566,7 @@ class _Alignment(LazyAlignment):
                 self._rows = set(self._queued.tolist())
             if row not in self._rows:
                 return default
-            out, moved = self._aligned_row(table.prompts, row, rnd.priority, self._f_front)
+            out, moved = self._aligned_row(table.prompts, row, rnd.base, self._f_front)  # by P(r; ∅)
             if not moved:
                 return default
         names = table.segment_names

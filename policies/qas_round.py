@@ -8,7 +8,7 @@ first-seen order, which is also the tie-break between equal priorities. A round 
 three passes over the queued rows, O(S) in queued segment occurrences S:
 
 1. counters and priorities: g(r) counted over the queue; ``base`` = w_a·a + w_g·g, the part of P that no
-   batch changes; P(r; next batch) = :func:`priority` of it;
+   batch changes, which is P(r; ∅), by which a round ranks segments (:func:`priority` adds a batch's term);
 2. signatures: each request's top-kappa reusable segments in its aligned order; requests with equal
    signatures share a bucket;
 3. buckets, their scores and the admission order: the cold lane, then the buckets by descending score.
@@ -93,8 +93,7 @@ class Params(NamedTuple):
 class Round(NamedTuple):
     """One round's result. Positions index the queue as the round was given it."""
 
-    base: np.ndarray  # per segment: w_a·a + w_g·g
-    priority: np.ndarray  # per segment: P(r; the predicted next batch)
+    base: np.ndarray  # per segment: w_a·a + w_g·g, which is P(r; ∅), by which the round ranks segments
     order: np.ndarray  # queue positions in admission order
     cold: np.ndarray  # the cold lane's queue positions, oldest first
     grouped: np.ndarray  # queue positions grouped by bucket, FIFO inside
@@ -112,7 +111,7 @@ class Dispatch(NamedTuple):
 
     taken_positions: np.ndarray  # where the order was taken, ascending
     remaining_rows: np.ndarray  # the order's other rows, in order
-    next_batch: np.ndarray  # per segment: n(r) over the requests that now head the order
+    next_rows: np.ndarray  # the rows that now head the order: the predicted next batch
     published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
     changed: np.ndarray  # segments whose P̂ is positive and differs from the last publication's
     dropped: np.ndarray  # segments whose P̂ fell to zero
@@ -132,7 +131,7 @@ def segment_counts(prompts, rows, n_segments):
     count = np.zeros(n_segments)
     segments = prompts.segments
     for r in rows:
-        for c in range(prompts.width):
+        for c in range(1 + prompts.n_reusable[r]):  # its system segment, then its reusable ones
             s = segments[r, c]
             if s >= 0:
                 count[s] += 1
@@ -346,20 +345,21 @@ def _aged_first(order, queued, age, arrival, now, max_wait):
 
 
 @kernel
-def plan_round(prompts, params, queued, age, active, next_batch, batch_hint, arrival, now, max_wait, n_align):
-    """One QAS round over the ``queued`` rows (in queue order).
+def plan_round(prompts, params, queued, age, active, batch_hint, arrival, now, max_wait, n_align):
+    """One QAS round over the ``queued`` rows (in queue order), segments ranked by P(r; ∅) = w_a·a + w_g·g.
 
-    ``age``: a unique key per queued request that sorts it in FIFO (arrival, id) order; ``active`` and
-    ``next_batch``: a(r) and n(r) over the predicted next batch, per segment; ``batch_hint``: how many
-    requests form a bucket's provisional batch. A bucket's utility U(b) is the mean over its distinct
-    reusable segments of P(r; its provisional batch), its score alpha_size·|b| + beta_util·U(b). Requests
-    that waited more than ``max_wait`` (``arrival`` by row) go first, oldest first (the starvation bound; inf:
-    none). The first ``n_align`` requests of the order are aligned too, the ones an engine is about to take
+    ``age``: a unique key per queued request that sorts it in FIFO (arrival, id) order; ``active``: a(r) per
+    segment; ``batch_hint``: how many requests form a bucket's provisional batch. A bucket's utility U(b) is
+    the mean over its distinct reusable segments of P(r; its provisional batch), its score alpha_size·|b| +
+    beta_util·U(b). Requests that waited more than ``max_wait`` (``arrival`` by row) go first, oldest first
+    (the starvation bound; inf: none). The first ``n_align`` requests of the order are aligned too, the ones an engine is about to take
     (a call of :func:`aligned_row` each would cost more than the round).
     """
     prompts, params = Prompts(*prompts), Params(*params)
-    base = params.w_a * active + params.w_g * segment_counts(prompts, queued, active.shape[0])
-    prio = priority(base, next_batch, params.w_n)
+    base = segment_counts(prompts, queued, active.shape[0])  # g, made w_a·a + w_g·g in place: one array
+    for s in range(base.shape[0]):
+        base[s] = params.w_a * active[s] + params.w_g * base[s]
+    prio = base
     if params.buckets:
         signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
         bucket_key = _bucket_keys(signatures, active.shape[0])
@@ -375,18 +375,18 @@ def plan_round(prompts, params, queued, age, active, next_batch, batch_hint, arr
         for j in range(prompts.n_reusable[head[i]]):
             if aligned[i, j] != prompts.segments[head[i], 1 + j]:
                 moved[i] = True
-    return (base, prio, order, cold, grouped, start, size, score,  # a Round's fields (module docstring: Cost)
+    return (base, order, cold, grouped, start, size, score,  # a Round's fields (module docstring: Cost)
             n_aged, order_rows, aligned, moved)
 
 
 @kernel
 def dispatch(prompts, order_rows, taken, base, w_n, n_segments, last_published):
     """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
-    taken, the rows that remain, the next batch (the first ``len(taken)`` of them), the published
+    taken, the rows that remain, the next batch (the first ``len(taken)`` of them: rows, which only an
+    inspection counts), the published
     P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base), and how
     it differs from ``last_published`` (:func:`changes`; one call for both: a call costs more than either)."""
     prompts = Prompts(*prompts)
-    base = np.concatenate((base, np.zeros(n_segments - base.shape[0])))
     sorted_taken = np.sort(taken)  # membership by binary search: O(queue · log taken), not O(rows registered)
     taken_positions = np.empty(order_rows.shape[0], np.int64)
     remaining_rows = np.empty(order_rows.shape[0], np.int64)
@@ -400,10 +400,12 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments, last_published):
             remaining_rows[k] = order_rows[p]
             k += 1
     remaining_rows = remaining_rows[:k]
-    published = priority(base, segment_counts(prompts, taken, n_segments), w_n)
+    published = segment_counts(prompts, taken, n_segments)  # n(r; taken), made P̂ in place: one array
+    for s in range(n_segments):
+        published[s] = priority(base[s] if s < base.shape[0] else 0.0, published[s], w_n)
     changed, dropped, fell = changes(published, last_published)
     return (taken_positions[:t], remaining_rows,  # a Dispatch's fields
-            segment_counts(prompts, remaining_rows[:taken.shape[0]], n_segments), published, changed, dropped, fell)
+            remaining_rows[:taken.shape[0]], published, changed, dropped, fell)
 
 
 @kernel
