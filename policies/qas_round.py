@@ -145,18 +145,21 @@ def _before(prio, a, b):
 
 
 @kernel
-def _best_positions(prompts, rows, prio, k):
-    """Where each row's ``k`` best reusable segments stand in it (0: its first), best first; -1 pads rows
-    with fewer. Pass t picks, for every row, the best segment that ranks after its pick of pass t-1 (equal
-    segments by position): a plain scan of the row."""
+def _best_positions(prompts, rows, prio, need):
+    """Where each row's ``need[i]`` best reusable segments stand in it (0: its first), best first; -1 pads.
+    Pass t picks, for every row that needs a t-th, the best segment that ranks after its pick of pass t-1
+    (equal segments by position): a plain scan of the row."""
     segments = prompts.segments
+    k = 0
+    for i in range(rows.shape[0]):
+        k = max(k, need[i])
     pos = np.full((rows.shape[0], k), -1, np.int64)
     for t in range(k):
         for i in range(rows.shape[0]):
+            if t >= need[i]:
+                continue
             r = rows[i]
             m = prompts.n_reusable[r]
-            if t >= m:
-                continue
             last = pos[i, t - 1] if t > 0 else -1
             best = -1
             for j in range(m):
@@ -176,23 +179,40 @@ def _aligned_top(prompts, rows, prio, k, f_front):
     """Each row's ``k`` best reusable segments (all, when it has fewer), listed in its aligned order: -1
     padded, ``k`` columns. Front alignment moves a row's ``f_front`` best segments to the front, best first,
     and the others keep their prompt order (fixed-order rows, and rows with fewer than two segments, keep
-    theirs)."""
+    theirs). A row listed whole needs only its lead ranked (a pass of the row each), not all of its segments."""
     segments = prompts.segments
-    pos = _best_positions(prompts, rows, prio, k)
-    out = np.full((rows.shape[0], k), -1, np.int64)
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    lead = np.empty(n, np.int64)
+    need = np.empty(n, np.int64)  # best positions to find: the picks, or the lead where every segment is picked
+    for i in range(n):
         r = rows[i]
         m = prompts.n_reusable[r]
         picked = min(k, m)
-        lead = 0 if prompts.fixed_order[r] or m < 2 else min(f_front, picked)
-        for x in range(lead):
+        lead[i] = 0 if prompts.fixed_order[r] or m < 2 else min(f_front, picked)
+        need[i] = lead[i] if picked == m else picked
+    pos = _best_positions(prompts, rows, prio, need)
+    out = np.full((n, k), -1, np.int64)
+    for i in range(n):
+        r = rows[i]
+        m = prompts.n_reusable[r]
+        picked = min(k, m)
+        for x in range(lead[i]):
             out[i, x] = segments[r, 1 + pos[i, x]]
-        q = lead
-        for j in range(m if lead < picked else 0):  # the other picks, in prompt order
-            for x in range(lead, picked):
-                if pos[i, x] == j:
-                    out[i, q] = segments[r, 1 + j]
-                    q += 1
+        q = lead[i]
+        for j in range(m if lead[i] < picked else 0):  # the other picks, in prompt order
+            if picked == m:  # every segment but the lead's
+                other = True
+                for x in range(lead[i]):
+                    if pos[i, x] == j:
+                        other = False
+            else:
+                other = False
+                for x in range(lead[i], picked):
+                    if pos[i, x] == j:
+                        other = True
+            if other:
+                out[i, q] = segments[r, 1 + j]
+                q += 1
     return out
 
 
