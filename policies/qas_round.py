@@ -199,17 +199,22 @@ def _aligned_top(prompts, rows, prio, k, f_front):
         for x in range(lead[i]):
             out[i, x] = segments[r, 1 + pos[i, x]]
         q = lead[i]
-        for j in range(m if lead[i] < picked else 0):  # the other picks, in prompt order
-            if picked == m:  # every segment but the lead's
-                other = True
-                for x in range(lead[i]):
-                    if pos[i, x] == j:
-                        other = False
-            else:
-                other = False
+        if picked < m:  # the other picks, in prompt order: each the next position after the last
+            last = -1
+            for _ in range(lead[i], picked):
+                j = m
                 for x in range(lead[i], picked):
-                    if pos[i, x] == j:
-                        other = True
+                    if last < pos[i, x] < j:
+                        j = pos[i, x]
+                out[i, q] = segments[r, 1 + j]
+                q += 1
+                last = j
+            continue
+        for j in range(m):  # every segment but the lead's, in prompt order
+            other = True
+            for x in range(lead[i]):
+                if pos[i, x] == j:
+                    other = False
             if other:
                 out[i, q] = segments[r, 1 + j]
                 q += 1
