@@ -182,42 +182,42 @@ def _aligned_top(prompts, rows, prio, k, f_front):
     theirs). A row listed whole needs only its lead ranked (a pass of the row each), not all of its segments."""
     segments = prompts.segments
     n = rows.shape[0]
+    picked = np.empty(n, np.int64)
     lead = np.empty(n, np.int64)
     need = np.empty(n, np.int64)  # best positions to find: the picks, or the lead where every segment is picked
     for i in range(n):
         r = rows[i]
         m = prompts.n_reusable[r]
-        picked = min(k, m)
-        lead[i] = 0 if prompts.fixed_order[r] or m < 2 else min(f_front, picked)
-        need[i] = lead[i] if picked == m else picked
+        picked[i] = min(k, m)
+        lead[i] = 0 if prompts.fixed_order[r] or m < 2 else min(f_front, picked[i])
+        need[i] = lead[i] if picked[i] == m else picked[i]
     pos = _best_positions(prompts, rows, prio, need)
     out = np.full((n, k), -1, np.int64)
     for i in range(n):
         r = rows[i]
         m = prompts.n_reusable[r]
-        picked = min(k, m)
         for x in range(lead[i]):
             out[i, x] = segments[r, 1 + pos[i, x]]
         q = lead[i]
-        if picked < m:  # the other picks, in prompt order: each the next position after the last
+        if picked[i] < m:  # the other picks, in prompt order: each the next position after the last
             last = -1
-            for _ in range(lead[i], picked):
+            for _ in range(lead[i], picked[i]):
                 j = m
-                for x in range(lead[i], picked):
+                for x in range(lead[i], picked[i]):
                     if last < pos[i, x] < j:
                         j = pos[i, x]
                 out[i, q] = segments[r, 1 + j]
                 q += 1
                 last = j
-            continue
-        for j in range(m):  # every segment but the lead's, in prompt order
-            other = True
-            for x in range(lead[i]):
-                if pos[i, x] == j:
-                    other = False
-            if other:
-                out[i, q] = segments[r, 1 + j]
-                q += 1
+        else:  # every segment but the lead's, in prompt order
+            for j in range(m):
+                other = True
+                for x in range(lead[i]):
+                    if pos[i, x] == j:
+                        other = False
+                if other:
+                    out[i, q] = segments[r, 1 + j]
+                    q += 1
     return out
 
 
