@@ -137,6 +137,42 @@ class RequestTable:
             self.width = width
             self.prompts = self._prompts()
 
+    #: past this many times the rows of the queue, plus ``compact_slack``, the table drops the rows of requests no
+    #: longer queued (:meth:`compact`): a live server's table is bounded by its queue, not by the requests it
+    #: ever served (a row and its dict entry are about 200 bytes: 1.7 GB a day at 100 requests a second)
+    compact_factor = 2
+    compact_slack = 4096
+
+    def outgrown(self, queued: int) -> bool:
+        return self.n_rows > self.compact_factor * queued + self.compact_slack
+
+    def compact(self, keep: np.ndarray) -> np.ndarray:
+        """Keep only the rows ``keep`` (ascending, unique), renumbered in that order, so rows registered in FIFO
+        order stay in it; return each old row's new number (-1: dropped). Segments keep their numbers: their
+        first-seen order is QAS's tie-break. Costs O(kept rows), once per ``kept + compact_slack`` rows dropped
+        or more."""
+        n = len(keep)
+        new_of = np.full(self.n_rows, -1, dtype=np.int64)
+        new_of[keep] = np.arange(n)
+        capacity = max(64, 2 * n)
+        segments = np.full((capacity, self.segments.shape[1]), -1, dtype=np.int64)
+        segments[:n] = self.segments[keep]
+        self.segments = segments
+        for name in ("n_reusable", "fixed_order", "arrival", "request_id"):
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=old.dtype)
+            new[:n] = old[keep]
+            setattr(self, name, new)
+        ids, arrival = self.request_id[:n].tolist(), self.arrival[:n].tolist()
+        self.row_of = dict(zip(ids, range(n)))
+        self.n_rows = n
+        ages = list(zip(arrival, ids))
+        self.rows_in_fifo_order = all(a < b for a, b in zip(ages, ages[1:]))  # maybe again, dropped rows gone
+        self._last_registered = ages[-1] if ages else (-np.inf, -1)
+        self.prompts = self._prompts()
+        self._expected = ((), np.zeros(0, dtype=np.int64))
+        return new_of
+
     def _prompts(self) -> tuple:
         """What the kernels read: the table as a plain tuple of Prompts' fields (see ``policies.qas_round``)."""
         return tuple(Prompts(self.segments, self.n_reusable, self.fixed_order, self.width))
@@ -351,6 +387,8 @@ class CompiledQAS(QAS):
             return self._plan_one(waiting, ctx)
         cfg, table = self.config, self.table
         queued = table.rows(waiting)
+        if table.outgrown(len(queued)):
+            queued = self._compact(queued)
         n_segments = len(table.segment_names)
         age = table.age_key(queued)
         self._k = k = self._kernels(len(queued))
@@ -375,6 +413,12 @@ class CompiledQAS(QAS):
             self.counters[QAS_AGED] += rnd.n_aged
             lanes = _AgedLanes(table, rnd.order_rows[:rnd.n_aged], cold)
         return Plan(order, _Alignment(table, queued, rnd, cfg.f_front, k.aligned_row), lanes=lanes)
+
+    def _compact(self, queued: np.ndarray) -> np.ndarray:
+        """Drop the table's rows but the queue's and the predicted next batch's; the queue's rows renumbered."""
+        new_of = self.table.compact(np.unique(np.concatenate((queued, self._next_rows))))
+        self._next_rows = new_of[self._next_rows]
+        return new_of[queued]
 
     def _plan_one(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         """:func:`~prism.policies.qas_round.plan_round` on a queue of one request, in Python: no kernel call, no

@@ -132,9 +132,10 @@ skeletons = st.lists(st.lists(st.sampled_from("ABCDEFGH"), min_size=0, max_size=
        finish=st.lists(st.booleans(), min_size=100, max_size=100),
        mode=st.sampled_from(["in-engine", "arrivals", "backlog"]),
        clock=st.lists(st.floats(0, 8), min_size=4, max_size=4), buckets=st.booleans(), budget=st.floats(0, 6),
-       early=st.sampled_from(["interpreted"] + (["aot"] if qas_aot.load() is not None else [])))
+       early=st.sampled_from(["interpreted"] + (["aot"] if qas_aot.load() is not None else [])),
+       compact=st.booleans())
 def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, active, engine_queue, times, finish,
-                                              mode, clock, buckets, budget, early):
+                                              mode, clock, buckets, budget, early, compact):
     """The compiled QAS the registry runs gives the readable definition's order, alignment, lanes (cold and,
     re-planning a backlog, aged past ``max_wait_s``), buckets and their scores, priorities, next counter,
     published priorities and the segments whose priority fell, round after round. The queue is kept either
@@ -146,10 +147,13 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
 
     The early kernels (interpreted, or compiled ahead of time where the install built them) run the first
     rounds (a ``budget`` of them; 0: numba's from the first), as a short simulation runs them, and numba's
-    from then on: the definition holds whichever ran."""
+    from then on: the definition holds whichever ran. With ``compact`` the compiled table drops the rows of
+    requests no longer queued at every round that finds one (a live server's, past thousands)."""
     cfg = QASConfig(f_front=f, kappa=kappa, q_cold=q_cold, window_s=0.0 if mode == "in-engine" else 0.05,
                     max_wait_s=1.5, buckets=buckets, front_end="arrivals" if mode == "arrivals" else "backlog")
     fast, plain = CompiledQAS(cfg), QAS(cfg)
+    if compact:
+        fast.table.compact_factor, fast.table.compact_slack = 1, 0
     fast.early = early_kernels(early)
     fast.early_budget_s = budget * fast.early.round_s
     hints, plain_hints = DemandHints(active=Counter(active)), DemandHints(active=Counter(active))
@@ -207,8 +211,10 @@ def test_compiled_rounds_equal_the_definition(rounds, f, kappa, q_cold, hint, ac
                       min_size=1, max_size=30),
        f=st.integers(0, 4), q_cold=st.integers(0, 2), hint=st.integers(0, 3), wait=st.sampled_from([0.5, 1.0, 1.7]),
        front_end=st.booleans(), finish=st.lists(st.booleans(), min_size=64, max_size=64),
-       weights=st.sampled_from([(1e6, 1e5, 1.0), (0.1, 0.7, 1 / 3), (0.0, 0.3, 0.1), (2.5, 0.0, 0.0)]))
-def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, wait, front_end, finish, weights):
+       weights=st.sampled_from([(1e6, 1e5, 1.0), (0.1, 0.7, 1 / 3), (0.0, 0.3, 0.1), (2.5, 0.0, 0.0)]),
+       compact=st.booleans())
+def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, wait, front_end, finish, weights,
+                                                       compact):
     """A round of one request runs in Python (``CompiledQAS._plan_one``), and its dispatch, like that of a short
     round the engine took whole (in any order), publishes only what may have changed: exactly what the kernels'
     round and dispatch give, round after round, in a mix of rounds of one and of several requests, whole or
@@ -216,12 +222,15 @@ def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, w
     among those taken, a reusable segment repeated in a prompt (skeletons may repeat one), new segments each
     round, weights whose sums round (the same float operations in the same order): the same order, alignment,
     lanes, counters, next batch and inspection, and the same publication, byte for byte and in the same key
-    order, with the same segments that fell."""
+    order, with the same segments that fell. With ``compact`` the Python side's table also drops the rows of
+    requests no longer queued at every round of several that finds one; the kernels' side keeps them all."""
     w_a, w_n, w_g = weights
     cfg = QASConfig(w_a=w_a, w_n=w_n, w_g=w_g, f_front=f, q_cold=q_cold, max_wait_s=wait,
                     window_s=0.05 if front_end else 0.0)
     fast, kern = CompiledQAS(cfg), CompiledQAS(cfg)
     kern.small_rounds_in_python = False
+    if compact:
+        fast.table.compact_factor, fast.table.compact_slack = 1, 0
     hints_f, hints_k = DemandHints(), DemandHints()
     waiting: list[Req] = []
     running: list[Req] = []
@@ -298,6 +307,36 @@ def test_a_request_taken_outside_the_round_loses_its_batch_term_next_round():
         round_of(qas, order[1:], 1.0, lambda order: order)
     assert list(hints[fast].priority.items()) == list(hints[kern].priority.items())
     assert "C" not in hints[kern].priority and "Z" not in hints[kern].priority  # the term went, and C has no a(r)
+
+
+def test_a_long_running_queue_keeps_a_table_the_size_of_its_queue():
+    """An engine's queue of a dozen requests, served for 3,000 requests (a live server's days, shortened): the
+    table keeps the rows of at most twice its queue plus the slack, not a row per request ever seen, and its
+    rounds are those of a table that keeps every row (order, alignment, lanes, publication)."""
+    cfg = QASConfig(window_s=0.0, max_wait_s=1.0)
+    lean, full = CompiledQAS(cfg), CompiledQAS(cfg)
+    lean.table.compact_slack, full.table.compact_slack = 64, 10**9
+    hints = {lean: DemandHints(), full: DemandHints()}
+    skeletons = [("A", "B"), ("C", "A", "D"), ("E",), ("B", "F", "G"), ()]
+    waiting: list[Req] = []
+    most_rows = 0
+    take = lambda k: 6 if k % 2 else 4  # noqa: E731  (5 a round, as many as arrive: a queue of 5 to 7)
+    for k in range(600):
+        waiting += [req(5 * k + j, k * 0.1 + j * 0.01, skeletons[(k + j) % 5]) for j in range(5)]
+        orders = []
+        for qas in (lean, full):
+            ctx = SchedContext(k * 0.1, NoCache(), (), hints[qas], batch_hint=4)
+            plan = qas.plan(waiting, ctx)
+            orders.append(([r.id for r in plan.order], [plan.align.get(r.id) for r in waiting],
+                           [plan.lane(r.id) for r in waiting]))
+            qas.on_dispatch(plan.order[:take(k)], ctx)
+        assert orders[0] == orders[1]
+        assert list(hints[lean].priority.items()) == list(hints[full].priority.items())
+        most_rows = max(most_rows, lean.table.n_rows)
+        assert lean.table.n_rows <= 2 * len(waiting) + 64 and len(lean.table.row_of) == lean.table.n_rows
+        waiting = list(plan.order[take(k):])
+    assert full.table.n_rows == 3000 and most_rows <= 2 * 12 + 64
+    assert len(lean.table.segments) <= 2 * most_rows + 64  # its arrays shrank with it
 
 
 @settings(max_examples=60, deadline=None)
