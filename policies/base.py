@@ -151,13 +151,15 @@ class DemandHints:
     ``version`` increases with every publication so that a policy can cache derived sets. A publisher may
     update one mapping in place from publication to publication (QAS does): read it, don't keep it.
     ``fell``: the segments whose priority fell since the last :meth:`take_fell` (None: unknown, any may have),
-    so that an eviction policy re-keys only their nodes.
+    so that an eviction policy re-keys only their nodes. The record starts at the first take: where no
+    eviction takes it (a live server's: SGLang keys every leaf at each eviction) none is kept, which would grow
+    with every segment ever published.
     """
 
     active: Counter = field(default_factory=Counter)
     priority: Mapping[str, float] = field(default_factory=dict)
     version: int = 0
-    fell: set[str] | None = field(default_factory=set)
+    fell: set[str] | None = None
     active_changed: set[str] | None = None  # segments whose a(r) changed since the last take (None: unknown)
 
     def admit(self, segments: Iterable[str]) -> None:

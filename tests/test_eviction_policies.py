@@ -53,6 +53,24 @@ def test_dart_eviction_order_on_a_hand_built_tree():
     cache.check()
 
 
+def test_what_fell_is_recorded_only_for_an_eviction_that_takes_it():
+    """QAS reports the segments whose P̂ fell at every publication; an eviction that never takes them (a live
+    server's) must not make the hints keep every segment ever published. DART's first pass re-keys everything
+    (the record is unknown), and from then on reads what fell since its last pass."""
+    hints = DemandHints()
+    for i in range(1, 1000):
+        hints.publish({f"s{i}": 1.0}, [f"s{i - 1}"])
+    assert hints.fell is None
+    dart = DART(DARTConfig(f=1), hints)
+    dart.prepare(hand_tree())
+    assert dart.lowered_keys() is None  # the first pass: every key
+    hints.publish({"hot": 2.0, "cold": 1.0}, ["s999"])
+    hints.publish({"hot": 2.0}, ["cold"])
+    dart.prepare(hand_tree())
+    assert dart.lowered_keys() == {"s999", "cold"}
+    assert hints.take_fell() == set()
+
+
 def test_protected_set_is_the_top_f_resident():
     cache = hand_tree()
     hints = DemandHints()
