@@ -58,12 +58,14 @@ class ContextPilotConfig:
 
 class _Sent:
     """A request as ContextPilot sent it: what the engine's LPM reads of it (id, serialized prompt, length),
-    in its new document order. A leaf of the index owns the request's ``_Sent``."""
+    in its new document order. A leaf of the index owns the request's ``_Sent``: once the engine admitted it,
+    only its id and key (is its prompt still cached?), not the request (a live server's holds SGLang's)."""
 
-    __slots__ = ("id", "key", "prompt_len", "request")
+    __slots__ = ("id", "key", "prompt_len", "request", "admitted")
 
     def __init__(self, request: WaitingRequest, key: bytes) -> None:
         self.id, self.key, self.prompt_len, self.request = request.id, key, request.prompt_len, request
+        self.admitted = False  # then its prompt may be cached, and evicted
 
 
 class ContextPilot(Scheduler):
@@ -91,7 +93,6 @@ class ContextPilot(Scheduler):
         self._seen: set[int] = set()  # requests indexed
         self._sent: dict[int, _Sent] = {}  # waiting request id -> as sent
         self.align: dict[int, tuple[str, ...]] = {}  # waiting request id -> its new document order (moved ones)
-        self._admitted: set[int] = set()  # requests the engine admitted: their prompts may be cached, then evicted
         self.reordered = 0
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
@@ -130,12 +131,12 @@ class ContextPilot(Scheduler):
     def _alive(self, waiting: Sequence[WaitingRequest], ctx: SchedContext):
         """``alive(leaf)`` for this round: whether the leaf's request may still be in the engine's cache."""
         busy: set[int] | None = None
-        admitted, cache = self._admitted, ctx.cache
+        cache = ctx.cache
 
         def alive(leaf: Node) -> bool:
             nonlocal busy
             sent: _Sent = leaf.owner
-            if sent.id not in admitted:
+            if not sent.admitted:
                 return True
             if busy is None:
                 busy = {r.id for r in waiting}
@@ -146,9 +147,10 @@ class ContextPilot(Scheduler):
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         for r in admitted:
-            self._sent.pop(r.id, None)
+            sent = self._sent.pop(r.id, None)
+            if sent is not None:
+                sent.admitted, sent.request = True, None
             self.align.pop(r.id, None)
-            self._admitted.add(r.id)
 
     def stats(self) -> dict[str, int]:
         return {CONTEXTPILOT_REORDERED: self.reordered, CONTEXTPILOT_SPLITS: self.index.splits,
