@@ -232,6 +232,25 @@ class ContextIndex:
             self._detach(parent, node)
             node = parent
 
+    def prune(self, alive: Callable[[Node], bool]) -> None:
+        """Remove every dead leaf now (and the parents it leaves empty), as ContextPilot's eviction callback
+        would have. A search removes only the dead leaves it is about to use (:meth:`search`), which gives the
+        same answers while a dead request stays dead; but a leaf no search reaches would stay for ever, holding
+        its request's key: on a long-running server, most leaves."""
+        for leaf in [n for n in self.leaf_nodes() if not alive(n)]:
+            self.remove(leaf)
+
+    def leaf_nodes(self) -> list[Node]:
+        """The index's leaves, in no particular order."""
+        stack, out = list(self.root.children), []
+        while stack:
+            node = stack.pop()
+            if node.is_leaf:
+                out.append(node)
+            else:
+                stack += node.children
+        return out
+
     # ------------------------------------------------------------ search
     def search(self, context: Sequence[Doc], alive: Callable[[Node], bool] | None = None) -> Match | None:
         """The node the context matches (None: no match), after removing the dead leaves on the way."""

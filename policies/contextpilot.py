@@ -20,10 +20,14 @@ What the code says about scheduling (paths under ``contextpilot/``):
 * The engine reports evictions back (``_sglang_hook.py:142-171``: a radix node tagged with a request is
   deleted) and the index drops that request (``live_index.py:1055-1085``). A policy sees no evictions here, so
   a request counts as evicted once it has been admitted, is neither waiting nor running, and its prompt is no
-  longer wholly in the cache (a peek, done only for the leaves a search is about to use: removing the others
-  later changes no search); ContextPilot's hook fires a little earlier, when the request's first node goes (its
-  generated tokens, usually). The live engine shows no running requests to a policy, so there a request whose
-  prompt is still being prefilled in chunks can be dropped early.
+  longer wholly in the cache; one never admitted, once it no longer waits (aborted). That is a peek, done for
+  the leaves a search is about to use (removing the others later changes no search); ContextPilot's hook fires
+  a little earlier, when the request's first node goes (its generated tokens, usually). Leaves no search
+  reaches are peeked all at once when the requests seen have doubled since the last such prune
+  (``PRUNE_SLACK``), else a server's index would grow with its history; that changes no search either, unless
+  another request caches the very same prompt again in between. The live engine shows no running requests to
+  a policy, so there a request whose prompt is still being prefilled in chunks can be dropped early (and, by a
+  prune, forgotten: indexed again should it be retracted).
 
 Prompts marked ``fixed_order`` (agent history, Mooncake blocks) and prompts that repeat a document are indexed
 in their own order and never moved. This replaces an earlier reading (a tree rebuilt by hierarchical
@@ -86,6 +90,11 @@ class ContextPilot(Scheduler):
         """The engine ContextPilot sits in front of: its engine order's scheduler (``lpm`` or ``fcfs``)."""
         return knobs.engine_order
 
+    #: the index drops its dead leaves once the requests it has seen are more than twice those the last prune
+    #: kept plus this many (``_prune``): a search drops only those it meets, so a server's index grew with its
+    #: history
+    PRUNE_SLACK = 4096
+
     def __init__(self, config: ContextPilotConfig | None = None) -> None:
         self.config = config or ContextPilotConfig()
         self.index = ContextIndex(self.config.position_weight)
@@ -93,6 +102,7 @@ class ContextPilot(Scheduler):
         self._seen: set[int] = set()  # requests indexed
         self._sent: dict[int, _Sent] = {}  # waiting request id -> as sent
         self.align: dict[int, tuple[str, ...]] = {}  # waiting request id -> its new document order (moved ones)
+        self._kept = 0  # requests remembered as sent after the last prune
         self.reordered = 0
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
@@ -101,6 +111,8 @@ class ContextPilot(Scheduler):
         new = [r for r in waiting if r.id not in self._seen]
         if new:
             alive = self._alive(waiting, ctx)
+            if len(self._seen) > 2 * self._kept + self.PRUNE_SLACK:  # each leaf is a request it has seen
+                self._prune(waiting, alive)
             for r in new:
                 self._send(r, alive)
         if isinstance(self.engine, FCFS):
@@ -113,6 +125,17 @@ class ContextPilot(Scheduler):
         if order is as_sent:
             return Plan(waiting, self.align)
         return Plan([s.request for s in order], self.align)
+
+    def _prune(self, waiting: Sequence[WaitingRequest], alive) -> None:
+        """Drop the dead leaves, and forget the requests that can no longer come back to the queue: those neither
+        waiting nor in a live leaf (a running request without documents has none: sent again if retracted,
+        it has nothing to index), and those sent but gone unadmitted (a live server's aborted requests)."""
+        self.index.prune(alive)
+        queued = {r.id for r in waiting}
+        self._sent = {i: s for i, s in self._sent.items() if i in queued}
+        self.align = {i: a for i, a in self.align.items() if i in queued}
+        self._seen = {n.owner.id for n in self.index.leaf_nodes()} | queued
+        self._kept = len(self._seen)
 
     def _send(self, r: WaitingRequest, alive) -> None:
         """Index the request and put its documents in their new order (ContextPilot's proxy, one context)."""
@@ -129,19 +152,21 @@ class ContextPilot(Scheduler):
             self.reordered += 1
 
     def _alive(self, waiting: Sequence[WaitingRequest], ctx: SchedContext):
-        """``alive(leaf)`` for this round: whether the leaf's request may still be in the engine's cache."""
+        """``alive(leaf)`` for this round: whether the leaf's request may still be in the engine's cache: it waits
+        or runs, or the engine admitted it and still caches its whole prompt (one never admitted and no longer
+        waiting was aborted)."""
         busy: set[int] | None = None
         cache = ctx.cache
 
         def alive(leaf: Node) -> bool:
             nonlocal busy
             sent: _Sent = leaf.owner
-            if not sent.admitted:
-                return True
             if busy is None:
                 busy = {r.id for r in waiting}
                 busy.update(r.id for r in ctx.running)
-            return sent.id in busy or cache.match_len(sent.key) * TOKEN_BYTES >= len(sent.key)
+            if sent.id in busy:
+                return True
+            return sent.admitted and cache.match_len(sent.key) * TOKEN_BYTES >= len(sent.key)
 
         return alive
 

@@ -248,6 +248,44 @@ def test_a_chain_deeper_than_the_recursion_limit_is_walked():
     assert m.node is before and m.has_prefix
 
 
+@settings(max_examples=150, deadline=None)
+@given(cs=st.lists(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=4, unique=True), min_size=2,
+                   max_size=30),
+       dead=st.sets(st.integers(0, 29)), at=st.integers(0, 29))
+def test_pruning_now_is_what_the_searches_would_find_later(cs, dead, at):
+    """Requests die (``dead``: admitted, then evicted) while others keep arriving. Pruning every dead leaf at one
+    moment (``at``), or never, gives the same reordering of every later request, and once both indexes are
+    pruned the same tree: a search drops the dead leaves it meets, and a dead request stays dead."""
+    pruned, lazy = ContextIndex(), ContextIndex()
+    alive = lambda leaf: leaf.owner not in dead  # noqa: E731
+    for i, c in enumerate(cs):
+        if i == min(at, len(cs) - 1):
+            pruned.prune(alive)
+            assert all(alive(n) for n in pruned.nodes() if n.is_leaf)
+        assert pruned.insert(c, i, alive)[0] == lazy.insert(c, i, alive)[0]
+    for index in (pruned, lazy):
+        index.prune(alive)
+    assert shape(pruned) == shape(lazy) and pruned.leaves == lazy.leaves and pruned.removed == lazy.removed
+
+
+def test_a_long_running_server_keeps_an_index_the_size_of_what_is_cached():
+    """ContextPilot on a server that admits every request at once and keeps none of them cached: a search
+    drops only the dead leaves it meets, which on documents that seldom come back are few; the prune keeps the
+    index, and the requests it remembers as sent (aborted ones too), within twice what is alive plus its
+    slack."""
+    cp = ContextPilot()
+    cp.PRUNE_SLACK = 50
+    cache = RadixCache(None)
+    for i in range(2000):
+        r = W(i, [f"d{i}", f"d{i + 1}", "hot"] if i % 10 else [f"d{i}"])
+        cp.plan([r], SchedContext(0.0, cache))
+        if i % 7:  # else its client gave up while it waited: aborted, never admitted
+            cp.on_dispatch([r], SchedContext(0.0, cache))
+        assert cp.index.leaves <= 2 * 1 + 50 + 1 and len(cp._seen) <= 2 * 1 + 50 + 1
+        assert len(cp._sent) <= 2 * 1 + 50 + 1 and len(cp.align) <= 2 * 1 + 50 + 1
+    assert cp.index.removed >= 2000 * 6 // 7 - 53
+
+
 # ------------------------------------------------------------------ against the transcription
 contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size=5, unique=True)
                     | st.lists(st.sampled_from("abc"), min_size=2, max_size=4),  # a repeated document, now and then
