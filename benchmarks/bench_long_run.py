@@ -1,0 +1,104 @@
+"""What a scheduler keeps over a long-running server's life: its memory as requests stream through it the way the
+live plugin runs it, at checkpoints, with tracemalloc.
+
+    python benchmarks/bench_long_run.py [--method qas] [--requests 200000] [--queue 64] [--fresh] [--json FILE]
+
+Each request has the system prompt, three of 200 passages and a private question (``--fresh``: also a passage
+no request had before, as a chat's tool results are). Every round the engine takes an eighth of the waiting
+requests in plan order, as SGLang admits, and each leaves the running batch eight rounds later (the demand
+hints' ``admit`` and ``release``, as the plugin's hooks call them); the cache holds nothing (ContextPilot's
+admitted requests count evicted at once). QAS runs inside the engine (the plugin's deployment), with DART.
+Prints the traced memory at each checkpoint and its growth per request served over the second half of the run:
+a scheduler whose state is bounded by its queue grows by about nothing.
+
+Run it with each commit's interpreter to compare them (it imports the installed ``prism``, not this folder's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tracemalloc
+from collections import deque
+
+from prism.core import PRIV, REUSE, SYS, Segment, SegmentTable
+from prism.live.hooks import _EmptyIndex, _SyntheticRequest, prime
+from prism.output import write_atomic_text
+from prism.policies.base import Deployment, SchedContext
+from prism.policies.registry import make_policies, policy_configs
+
+EVICTION = {"qas": "dart", "contextpilot": "lru", "sglang": "lru", "fcfs": "lru"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", default="qas", choices=sorted(EVICTION), help="the scheduler (default qas)")
+    ap.add_argument("--requests", type=int, default=200_000, help="requests served (default 200000)")
+    ap.add_argument("--queue", type=int, default=64, help="waiting requests, about (default 64)")
+    ap.add_argument("--fresh", action="store_true", help="each request also has a passage never seen before")
+    ap.add_argument("--checkpoints", type=int, default=8, help="memory readings (default 8)")
+    ap.add_argument("--json", help="also write the readings to this file")
+    args = ap.parse_args(argv)
+
+    configs = policy_configs(args.method, EVICTION[args.method], {"qas": {"window_s": 0}})
+    if args.method == "qas":
+        prime(make_policies(args.method, EVICTION[args.method], configs, Deployment()).scheduler)
+    policies = make_policies(args.method, EVICTION[args.method], configs, Deployment())
+    scheduler, hints, cache = policies.scheduler, policies.hints, _EmptyIndex()
+    table = SegmentTable()
+    system = table.segment("sys", SYS, 64)
+    passages = [table.segment(f"p{i}", REUSE, 256) for i in range(200)]
+
+    def request(rid: int) -> _SyntheticRequest:
+        # the private (and fresh) segments are made directly, so that no table of the benchmark's keeps them
+        mine = [passages[(rid * 7 + k * 13) % 200] for k in range(3)]
+        if args.fresh:
+            mine.append(Segment(REUSE, f"t{rid}", None, 128, 1_000_000 + rid, rid))
+        return _SyntheticRequest(rid, [system, *mine, Segment(PRIV, f"q{rid}", None, 32, 2_000_000 + rid, rid)])
+
+    def shared(r) -> list[str]:
+        return [s.id for s in r.segments if s.kind != PRIV]
+
+    take, stay = max(1, args.queue // 8), 8
+    waiting: list = []
+    running: deque = deque()
+    made = served = 0
+    every = args.requests // args.checkpoints
+    readings = []
+    tracemalloc.start()
+    rnd = 0
+    while served < args.requests:
+        while len(waiting) < args.queue and made < args.requests:
+            waiting.append(request(made))
+            made += 1
+        ctx = SchedContext(float(rnd), cache, tuple(r for batch in running for r in batch), hints, batch_hint=take)
+        plan = scheduler.plan(waiting, ctx)
+        admitted = list(plan.order[:take])
+        for r in admitted:
+            plan.align.get(r.id)
+            plan.lane(r.id)
+        scheduler.on_dispatch(admitted, ctx)
+        waiting = list(plan.order[take:])
+        for r in admitted:
+            hints.admit(shared(r))
+        running.append(admitted)
+        if len(running) > stay:
+            for r in running.popleft():
+                hints.release(shared(r))
+                served += 1
+                if served % every == 0:
+                    readings.append({"served": served, "traced_mib": tracemalloc.get_traced_memory()[0] / 2**20})
+                    print(f"served {served:9,d}  traced {readings[-1]['traced_mib']:8.2f} MiB", flush=True)
+        rnd += 1
+    half = readings[len(readings) // 2 - 1]
+    growth = (readings[-1]["traced_mib"] - half["traced_mib"]) * 2**20 / (readings[-1]["served"] - half["served"])
+    print(f"{args.method}{' --fresh' if args.fresh else ''}: {growth:.1f} bytes per request served "
+          f"over the second half ({half['served']:,d} to {readings[-1]['served']:,d})")
+    if args.json:
+        write_atomic_text(args.json, json.dumps({"method": args.method, "fresh": args.fresh, "readings": readings,
+                                                 "bytes_per_request": growth}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
