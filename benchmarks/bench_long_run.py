@@ -8,8 +8,10 @@ no request had before, as a chat's tool results are). Every round the engine tak
 requests in plan order, as SGLang admits, and each leaves the running batch eight rounds later (the demand
 hints' ``admit`` and ``release``, as the plugin's hooks call them); the cache holds nothing (ContextPilot's
 admitted requests count evicted at once). QAS runs inside the engine (the plugin's deployment), with DART.
-Prints the traced memory at each checkpoint and its growth per request served over the second half of the run:
-a scheduler whose state is bounded by its queue grows by about nothing.
+Prints at each checkpoint the traced memory and the median CPU time of a round since the last (the plan, the
+engine's alignment and lane lookups, the dispatch; under tracemalloc, which slows it, unless ``--no-memory``),
+and the memory's growth per request served over the second half of the run: a scheduler whose state is
+bounded by its queue grows by about nothing, and its rounds cost the same at the end as at the start.
 
 Run it with each commit's interpreter to compare them (it imports the installed ``prism``, not this folder's).
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 import tracemalloc
 from collections import deque
 
@@ -36,7 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=200_000, help="requests served (default 200000)")
     ap.add_argument("--queue", type=int, default=64, help="waiting requests, about (default 64)")
     ap.add_argument("--fresh", action="store_true", help="each request also has a passage never seen before")
-    ap.add_argument("--checkpoints", type=int, default=8, help="memory readings (default 8)")
+    ap.add_argument("--checkpoints", type=int, default=8, help="readings (default 8)")
+    ap.add_argument("--no-memory", action="store_true", help="time the rounds without tracemalloc (no memory)")
     ap.add_argument("--json", help="also write the readings to this file")
     args = ap.parse_args(argv)
 
@@ -64,20 +69,23 @@ def main(argv=None) -> int:
     running: deque = deque()
     made = served = 0
     every = args.requests // args.checkpoints
-    readings = []
-    tracemalloc.start()
+    readings, times = [], []
+    if not args.no_memory:
+        tracemalloc.start()
     rnd = 0
     while served < args.requests:
         while len(waiting) < args.queue and made < args.requests:
             waiting.append(request(made))
             made += 1
         ctx = SchedContext(float(rnd), cache, tuple(r for batch in running for r in batch), hints, batch_hint=take)
+        t0 = time.thread_time()
         plan = scheduler.plan(waiting, ctx)
         admitted = list(plan.order[:take])
         for r in admitted:
             plan.align.get(r.id)
             plan.lane(r.id)
         scheduler.on_dispatch(admitted, ctx)
+        times.append(time.thread_time() - t0)
         waiting = list(plan.order[take:])
         for r in admitted:
             hints.admit(shared(r))
@@ -87,8 +95,12 @@ def main(argv=None) -> int:
                 hints.release(shared(r))
                 served += 1
                 if served % every == 0:
-                    readings.append({"served": served, "traced_mib": tracemalloc.get_traced_memory()[0] / 2**20})
-                    print(f"served {served:9,d}  traced {readings[-1]['traced_mib']:8.2f} MiB", flush=True)
+                    traced = tracemalloc.get_traced_memory()[0] / 2**20 if not args.no_memory else float("nan")
+                    readings.append({"served": served, "traced_mib": traced,
+                                     "round_median_us": statistics.median(times) * 1e6 if times else float("nan")})
+                    times.clear()
+                    print(f"served {served:9,d}  traced {traced:8.2f} MiB  round median "
+                          f"{readings[-1]['round_median_us']:7.1f} us", flush=True)
         rnd += 1
     half = readings[len(readings) // 2 - 1]
     growth = (readings[-1]["traced_mib"] - half["traced_mib"]) * 2**20 / (readings[-1]["served"] - half["served"])
