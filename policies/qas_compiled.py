@@ -80,15 +80,17 @@ class RequestTable:
             self.segment_names.append(name)
         return i
 
-    def _grow(self, rows: int, cols: int) -> None:
-        n = self.n_rows
-        segments = np.full((rows, cols), -1, dtype=np.int64)
-        segments[:n, :self.segments.shape[1]] = self.segments[:n]
-        self.segments = segments
+    def _reshape(self, capacity: int, cols: int, kept: np.ndarray | slice) -> None:
+        """The table's arrays made ``capacity`` rows by ``cols`` columns, holding the rows ``kept`` (in order)
+        first."""
+        old = self.segments[kept]
+        n = len(old)
+        self.segments = np.full((capacity, cols), -1, dtype=np.int64)
+        self.segments[:n, :old.shape[1]] = old
         for name in ("n_reusable", "fixed_order", "arrival", "request_id"):
-            old = getattr(self, name)
-            new = np.zeros(rows, dtype=old.dtype)
-            new[:n] = old[:n]
+            column = getattr(self, name)
+            new = np.zeros(capacity, dtype=column.dtype)
+            new[:n] = column[kept]
             setattr(self, name, new)
 
     def cells(self, r: WaitingRequest) -> list[int]:
@@ -123,7 +125,7 @@ class RequestTable:
         capacity, cols = self.segments.shape
         grown = n1 > capacity or width > cols
         if grown:
-            self._grow(max(n1, 2 * capacity), max(cols, width))
+            self._reshape(max(n1, 2 * capacity), max(cols, width), slice(0, n0))
         for i, row in enumerate(block, n0):  # rows are -1 beyond their length already
             self.segments[i, :len(row)] = row
         self.n_reusable[n0:n1] = n_reusable
@@ -154,15 +156,7 @@ class RequestTable:
         n = len(keep)
         new_of = np.full(self.n_rows, -1, dtype=np.int64)
         new_of[keep] = np.arange(n)
-        capacity = max(64, 2 * n)
-        segments = np.full((capacity, self.segments.shape[1]), -1, dtype=np.int64)
-        segments[:n] = self.segments[keep]
-        self.segments = segments
-        for name in ("n_reusable", "fixed_order", "arrival", "request_id"):
-            old = getattr(self, name)
-            new = np.zeros(capacity, dtype=old.dtype)
-            new[:n] = old[keep]
-            setattr(self, name, new)
+        self._reshape(max(64, 2 * n), self.segments.shape[1], keep)
         ids, arrival = self.request_id[:n].tolist(), self.arrival[:n].tolist()
         self.row_of = dict(zip(ids, range(n)))
         self.n_rows = n
