@@ -264,10 +264,15 @@ class LiveState:
             self.front.reset()
 
     def release(self, req) -> None:
-        if self.front is not None and req.finished():  # its slot is free from now: a backlog front end notes when
+        finished = req.finished()
+        if self.front is not None and finished:  # its slot is free from now: a backlog front end notes when
             self.front.left(time.monotonic())
         seq = getattr(req, "_prism", None)
-        if seq is None or not seq.admitted:
+        if seq is None:
+            return
+        if finished:  # aborted in the middle of a chunked prefill (SGLang releases it finished): no end will come
+            self._starts.pop(seq.id, None)
+        if not seq.admitted:
             return
         seq.admitted = False
         self.books.release(seq)

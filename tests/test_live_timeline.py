@@ -98,3 +98,35 @@ def test_a_run_without_event_log_or_clock_is_a_clear_error(run):
     with pytest.raises(UserError, match="clock_zero_monotonic"):
         write_live_timeline(run, run / "timeline.json")
     assert not (run / "timeline.json").exists()
+
+
+def test_the_plugin_logs_a_chunked_prefill_once_and_forgets_one_aborted_midway(tmp_path):
+    """The plugin notes a request's prefill start at its first chunk and logs start and end at its last; a
+    request aborted between chunks (SGLang releases it finished) leaves nothing behind: a server would otherwise
+    keep an entry for every such request."""
+    from types import SimpleNamespace
+
+    from prism.live import hooks
+
+    state = hooks.LiveState(hooks.PluginConfig("fcfs", "lru", events=str(tmp_path / "events.jsonl")))
+    done = {"flag": False}
+
+    def request(rid):
+        seq = SimpleNamespace(id=rid, lane="hot", realigned=False, admitted=False)
+        return SimpleNamespace(_prism=seq, output_ids=[], origin_input_ids=[0] * 512,
+                               finished=lambda: done["flag"] and rid == 2)
+
+    def chunk(reqs, done_tokens, start):
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=reqs,
+                                prefix_lens=[done_tokens] * len(reqs), extend_lens=[256] * len(reqs))
+        state.log_batch(batch, start, start + 0.1)
+
+    whole, aborted = request(1), request(2)
+    chunk([whole, aborted], 0, 1.0)
+    done["flag"] = True  # the client gave up on request 2 between its chunks
+    state.release(aborted)
+    chunk([whole], 256, 2.0)
+    state.release(whole)  # not finished: a retraction, say (its prefill was logged already)
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert lines == [{"id": 1, "prefill_start": 1.0, "prefill_end": 2.1, "lane": "hot", "realigned": False}]
+    assert state._starts == {}
