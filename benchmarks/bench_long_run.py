@@ -1,13 +1,14 @@
 """What a scheduler keeps over a long-running server's life: its memory as requests stream through it the way the
 live plugin runs it, at checkpoints, with tracemalloc.
 
-    python benchmarks/bench_long_run.py [--method qas] [--requests 200000] [--queue 64] [--fresh] [--json FILE]
+    python benchmarks/bench_long_run.py [--method prism] [--requests 200000] [--queue 64] [--fresh] [--json FILE]
 
 Each request has the system prompt, three of 200 passages and a private question (``--fresh``: also a passage
 no request had before, as a chat's tool results are). Every round the engine takes an eighth of the waiting
 requests in plan order, as SGLang admits, and each leaves the running batch eight rounds later (the demand
 hints' ``admit`` and ``release``, as the plugin's hooks call them); the cache holds nothing (ContextPilot's
-admitted requests count evicted at once). QAS runs inside the engine (the plugin's deployment), with DART.
+admitted requests count evicted at once). A method is the registry's (``prism``: QAS with DART, QAS inside the
+engine, the plugin's deployment).
 Prints at each checkpoint the traced memory and the median CPU time of a round since the last (the plan, the
 engine's alignment and lane lookups, the dispatch; under tracemalloc, which slows it, unless ``--no-memory``),
 and the memory's growth per request served over the second half of the run: a scheduler whose state is
@@ -29,14 +30,12 @@ from prism.core import PRIV, REUSE, SYS, Segment, SegmentTable
 from prism.live.hooks import _EmptyIndex, _SyntheticRequest, prime
 from prism.output import write_atomic_text
 from prism.policies.base import Deployment, SchedContext
-from prism.policies.registry import make_policies, policy_configs
-
-EVICTION = {"qas": "dart", "contextpilot": "lru", "sglang": "lru", "fcfs": "lru"}
+from prism.policies.registry import METHODS, make_policies, policy_configs
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--method", default="qas", choices=sorted(EVICTION), help="the scheduler (default qas)")
+    ap.add_argument("--method", default="prism", choices=sorted(METHODS), help="the method (default prism)")
     ap.add_argument("--requests", type=int, default=200_000, help="requests served (default 200000)")
     ap.add_argument("--queue", type=int, default=64, help="waiting requests, about (default 64)")
     ap.add_argument("--fresh", action="store_true", help="each request also has a passage never seen before")
@@ -45,10 +44,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the readings to this file")
     args = ap.parse_args(argv)
 
-    configs = policy_configs(args.method, EVICTION[args.method], {"qas": {"window_s": 0}})
-    if args.method == "qas":
-        prime(make_policies(args.method, EVICTION[args.method], configs, Deployment()).scheduler)
-    policies = make_policies(args.method, EVICTION[args.method], configs, Deployment())
+    scheduler_name, eviction = METHODS[args.method]
+    configs = policy_configs(scheduler_name, eviction, {"qas": {"window_s": 0}})
+    if scheduler_name == "qas":  # its compiled kernels loaded before the run, as the plugin does
+        prime(make_policies(scheduler_name, eviction, configs, Deployment()).scheduler)
+    policies = make_policies(scheduler_name, eviction, configs, Deployment())
     scheduler, hints, cache = policies.scheduler, policies.hints, _EmptyIndex()
     table = SegmentTable()
     system = table.segment("sys", SYS, 64)
@@ -102,10 +102,12 @@ def main(argv=None) -> int:
                     print(f"served {served:9,d}  traced {traced:8.2f} MiB  round median "
                           f"{readings[-1]['round_median_us']:7.1f} us", flush=True)
         rnd += 1
-    half = readings[len(readings) // 2 - 1]
-    growth = (readings[-1]["traced_mib"] - half["traced_mib"]) * 2**20 / (readings[-1]["served"] - half["served"])
-    print(f"{args.method}{' --fresh' if args.fresh else ''}: {growth:.1f} bytes per request served "
-          f"over the second half ({half['served']:,d} to {readings[-1]['served']:,d})")
+    half, last = readings[len(readings) // 2 - 1], readings[-1]
+    growth = (last["traced_mib"] - half["traced_mib"]) * 2**20 / (last["served"] - half["served"])
+    print(f"{args.method}{' --fresh' if args.fresh else ''}: " + (
+        "" if args.no_memory else f"{growth:.1f} bytes per request served over the second half "
+        f"({half['served']:,d} to {last['served']:,d}); ")
+        + f"median round {readings[0]['round_median_us']:.1f} us first, {last['round_median_us']:.1f} us last")
     if args.json:
         write_atomic_text(args.json, json.dumps({"method": args.method, "fresh": args.fresh, "readings": readings,
                                                  "bytes_per_request": growth}, indent=2) + "\n")

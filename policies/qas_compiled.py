@@ -151,8 +151,8 @@ class RequestTable:
     def compact(self, keep: np.ndarray) -> np.ndarray:
         """Keep only the rows ``keep`` (ascending, unique), renumbered in that order, so rows registered in FIFO
         order stay in it; return each old row's new number (-1: dropped). Segments keep their numbers: their
-        first-seen order is QAS's tie-break. Costs O(kept rows), once per ``kept + compact_slack`` rows dropped
-        or more."""
+        first-seen order is QAS's tie-break. Costs O(rows held), once at least ``kept + compact_slack`` rows are
+        dead: O(1) a dropped row."""
         n = len(keep)
         new_of = np.full(self.n_rows, -1, dtype=np.int64)
         new_of[keep] = np.arange(n)
