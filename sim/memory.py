@@ -115,6 +115,7 @@ class VmmCounters:
     background_s: float = 0.0
     pages_mapped: int = 0
     pages_unmapped: int = 0
+    blocks_released: int = 0  # blocks models stopped using (to their buffers or unmapped): room for others
 
 
 @dataclass
@@ -194,15 +195,21 @@ class GpuMemory:
 
     def excess_tokens(self, model: str) -> int:
         """Tokens held above the target: what the model should free (cached prefixes first) for a shrink."""
-        r = self._get(model)
-        return max(0, r.live + r.cached - r.layout.tokens(r.target))
+        return self.balloon(model)[0]
 
     def reach_tokens(self, model: str) -> int:
         """Tokens the model may hold now: its blocks in use, its buffer and fresh blocks from free pages, up to
         its limit (an elastic engine's capacity)."""
+        return self.balloon(model)[1]
+
+    def balloon(self, model: str) -> tuple[int, int]:
+        """:meth:`excess_tokens` and :meth:`reach_tokens` together: an elastic engine asks both before every
+        iteration, so one lookup serves both."""
         r = self._get(model)
+        per_block = r.layout.tokens_per_block
         fresh = self.free_pages // r.layout.pages_per_block
-        return r.layout.tokens(r.blocks + min(r.limit - r.blocks, r.buffer + fresh))
+        return (max(0, r.live + r.cached - r.target * per_block),
+                (r.blocks + min(r.limit - r.blocks, r.buffer + fresh)) * per_block)
 
     def room_tokens(self, model: str) -> int:
         """Tokens the model may add now: its reach beyond what it holds (the free end of its last block
@@ -281,6 +288,7 @@ class GpuMemory:
             t = self._map(fresh * r.layout.pages_per_block)
         elif need < r.blocks:
             freed = r.blocks - need
+            self.counters.blocks_released += freed
             r.limit = max(r.target, need)  # a waiting shrink follows the freed blocks down
             keep = max(0, min(freed, self.buffer_max - r.buffer, r.limit - need - r.buffer))
             r.buffer += keep

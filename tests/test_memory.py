@@ -173,8 +173,12 @@ def test_invariants(total, ops):
             live, cached = o[2], o[3]
             held = sum(g.used_tokens(name))
             if live + cached - held <= g.room_tokens(name):
+                pages, released = g.kv_pages(name), g.counters.blocks_released
                 g.use(name, live, cached)
                 assert g.used_tokens(name) == (live, cached)
+                # the fleet wakes engines waiting for pages when blocks in use fall: this count says so
+                ppb = layouts[name].pages_per_block
+                assert g.counters.blocks_released - released == max(0, pages - g.kv_pages(name)) // ppb
             else:
                 with pytest.raises(MemoryFull):
                     g.use(name, live, cached)
