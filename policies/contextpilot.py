@@ -141,15 +141,16 @@ class ContextPilot(Scheduler):
         """Index the request and put its documents in their new order (ContextPilot's proxy, one context)."""
         self._seen.add(r.id)
         docs = tuple(s.id for s in r.segments if s.kind == REUSE)
-        sent = self._sent[r.id] = _Sent(r, r.key)
-        if not docs:
-            return
-        movable = not r.fixed_order and len(set(docs)) == len(docs)
-        new, _ = self.index.insert(docs, sent, alive, reorder=movable)
-        if new != docs:
-            sent.key = serialize_bytes(realigned(r.segments, new, r.id))
-            self.align[r.id] = new
-            self.reordered += 1
+        sent = self._sent[r.id] = _Sent(r, b"")  # its key once its order is known: most requests move
+        if docs:
+            movable = not r.fixed_order and len(set(docs)) == len(docs)
+            new, _ = self.index.insert(docs, sent, alive, reorder=movable)
+            if new != docs:
+                sent.key = serialize_bytes(realigned(r.segments, new, r.id))
+                self.align[r.id] = new
+                self.reordered += 1
+                return
+        sent.key = r.key
 
     def _alive(self, waiting: Sequence[WaitingRequest], ctx: SchedContext):
         """``alive(leaf)`` for this round: whether the leaf's request may still be in the engine's cache: it waits
