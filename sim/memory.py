@@ -206,10 +206,10 @@ class GpuMemory:
         """:meth:`excess_tokens` and :meth:`reach_tokens` together: an elastic engine asks both before every
         iteration, so one lookup serves both."""
         r = self._get(model)
-        per_block = r.layout.tokens_per_block
-        fresh = self.free_pages // r.layout.pages_per_block
-        return (max(0, r.live + r.cached - r.target * per_block),
-                (r.blocks + min(r.limit - r.blocks, r.buffer + fresh)) * per_block)
+        layout = r.layout
+        fresh = self.free_pages // layout.pages_per_block
+        return (max(0, r.live + r.cached - layout.tokens(r.target)),
+                layout.tokens(r.blocks + min(r.limit - r.blocks, r.buffer + fresh)))
 
     def room_tokens(self, model: str) -> int:
         """Tokens the model may add now: its reach beyond what it holds (the free end of its last block
