@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="time the rounds without tracemalloc (no memory)")
     ap.add_argument("--json", help="also write the readings to this file")
     args = ap.parse_args(argv)
+    if args.checkpoints < 2 or args.requests < args.checkpoints or args.queue < 1:
+        ap.error("needs --checkpoints >= 2, --requests >= --checkpoints and --queue >= 1")
 
     scheduler_name, eviction = METHODS[args.method]
     configs = policy_configs(scheduler_name, eviction, {"qas": {"window_s": 0}})
@@ -95,19 +97,22 @@ def main(argv=None) -> int:
                 hints.release(shared(r))
                 served += 1
                 if served % every == 0:
-                    traced = tracemalloc.get_traced_memory()[0] / 2**20 if not args.no_memory else float("nan")
-                    readings.append({"served": served, "traced_mib": traced,
-                                     "round_median_us": statistics.median(times) * 1e6 if times else float("nan")})
+                    traced = None if args.no_memory else tracemalloc.get_traced_memory()[0] / 2**20
+                    median = statistics.median(times) * 1e6 if times else None  # None: no round since the last
+                    readings.append({"served": served, "traced_mib": traced, "round_median_us": median})
                     times.clear()
-                    print(f"served {served:9,d}  traced {traced:8.2f} MiB  round median "
-                          f"{readings[-1]['round_median_us']:7.1f} us", flush=True)
+                    memory = "" if traced is None else f"  traced {traced:8.2f} MiB"
+                    rounds = "" if median is None else f"  round median {median:7.1f} us"
+                    print(f"served {served:9,d}{memory}{rounds}", flush=True)
         rnd += 1
     half, last = readings[len(readings) // 2 - 1], readings[-1]
-    growth = (last["traced_mib"] - half["traced_mib"]) * 2**20 / (last["served"] - half["served"])
+    growth = None if args.no_memory else (
+        (last["traced_mib"] - half["traced_mib"]) * 2**20 / (last["served"] - half["served"]))
     print(f"{args.method}{' --fresh' if args.fresh else ''}: " + (
         "" if args.no_memory else f"{growth:.1f} bytes per request served over the second half "
         f"({half['served']:,d} to {last['served']:,d}); ")
-        + f"median round {readings[0]['round_median_us']:.1f} us first, {last['round_median_us']:.1f} us last")
+        + f"median round {readings[0]['round_median_us']:.1f} us first, "
+        + (f"{last['round_median_us']:.1f} us last" if last["round_median_us"] is not None else "none since"))
     if args.json:
         write_atomic_text(args.json, json.dumps({"method": args.method, "fresh": args.fresh, "readings": readings,
                                                  "bytes_per_request": growth}, indent=2) + "\n")

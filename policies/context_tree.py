@@ -232,13 +232,18 @@ class ContextIndex:
             self._detach(parent, node)
             node = parent
 
-    def prune(self, alive: Callable[[Node], bool]) -> None:
+    def prune(self, alive: Callable[[Node], bool]) -> list[Node]:
         """Remove every dead leaf now (and the parents it leaves empty), as ContextPilot's eviction callback
-        would have. A search removes only the dead leaves it is about to use (:meth:`search`), which gives the
-        same answers while a dead request stays dead; but a leaf no search reaches would stay for ever, holding
-        its request's key: on a long-running server, most leaves."""
-        for leaf in [n for n in self.leaf_nodes() if not alive(n)]:
-            self.remove(leaf)
+        would have, and return the leaves that stay. A search removes only the dead leaves it is about to use
+        (:meth:`search`), which gives the same answers while a dead request stays dead; but a leaf no search
+        reaches would stay for ever, holding its request's key: on a long-running server, most leaves."""
+        kept = []
+        for leaf in self.leaf_nodes():
+            if alive(leaf):
+                kept.append(leaf)
+            else:
+                self.remove(leaf)  # its parents may go, never another leaf
+        return kept
 
     def leaf_nodes(self) -> list[Node]:
         """The index's leaves, in no particular order."""

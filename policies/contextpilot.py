@@ -130,11 +130,11 @@ class ContextPilot(Scheduler):
         """Drop the dead leaves, and forget the requests that can no longer come back to the queue: those neither
         waiting nor in a live leaf (a running request without documents has none: sent again if retracted,
         it has nothing to index), and those sent but gone unadmitted (a live server's aborted requests)."""
-        self.index.prune(alive)
+        live = self.index.prune(alive)
         queued = {r.id for r in waiting}
         self._sent = {i: s for i, s in self._sent.items() if i in queued}
         self.align = {i: a for i, a in self.align.items() if i in queued}
-        self._seen = {n.owner.id for n in self.index.leaf_nodes()} | queued
+        self._seen = {n.owner.id for n in live} | queued
         self._kept = len(self._seen)
 
     def _send(self, r: WaitingRequest, alive) -> None:

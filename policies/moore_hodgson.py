@@ -83,7 +83,7 @@ class DeadlineQueue:
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[float, int, float]] = {}  # key -> (deadline, arrival sequence, prefill)
         self._sorted: list[tuple[float, int, Hashable]] = []  # by (deadline, sequence)
-        self._live: list[tuple[float, int, Hashable]] = []  # the same, but the requests set aside as hopeless
+        self._live: list[tuple[float, int, Hashable]] = []  # the same, less those set aside as hopeless
         self._starts: list[tuple[float, int, Hashable]] = []  # heap of (latest start, sequence, key) of the live
         self._seq = itertools.count()
         self._on_time: set[Hashable] | None = None  # S at _at (None: compute it at the next ask)

@@ -260,8 +260,8 @@ def test_pruning_now_is_what_the_searches_would_find_later(cs, dead, at):
     alive = lambda leaf: leaf.owner not in dead  # noqa: E731
     for i, c in enumerate(cs):
         if i == min(at, len(cs) - 1):
-            pruned.prune(alive)
-            assert all(alive(n) for n in pruned.nodes() if n.is_leaf)
+            kept = pruned.prune(alive)
+            assert set(kept) == {n for n in pruned.nodes() if n.is_leaf} and all(map(alive, kept))
         assert pruned.insert(c, i, alive)[0] == lazy.insert(c, i, alive)[0]
     for index in (pruned, lazy):
         index.prune(alive)

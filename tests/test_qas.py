@@ -311,10 +311,10 @@ def test_a_request_taken_outside_the_round_loses_its_batch_term_next_round():
 
 def test_a_long_running_queue_keeps_a_table_the_size_of_its_queue():
     """An engine's queue of about 14 requests, 3,608 arriving and one in six aborted by its client while waiting
-    (a live server's days, shortened): the
-    table keeps the rows of at most twice its queue plus the slack, not a row per request ever seen, and its
-    rounds are those of a table that keeps every row (order, alignment, lanes, publication, and between a plan
-    and its dispatch the last dispatch's predicted batch, some of it aborted since)."""
+    (a live server's days, shortened): the table keeps the rows of at most twice its queue plus the slack, not a
+    row per request ever seen, and its rounds are those of a table that keeps every row (order, alignment, lanes,
+    publication, and between a plan and its dispatch the last dispatch's predicted batch, some of it aborted
+    since)."""
     cfg = QASConfig(window_s=0.0, max_wait_s=1.0)
     lean, full = CompiledQAS(cfg), CompiledQAS(cfg)
     lean.table.compact_slack, full.table.compact_slack = 64, 10**9
