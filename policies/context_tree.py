@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import struct
 from itertools import count
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -322,12 +322,12 @@ class ContextIndex:
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:
         """Whether ``node`` holds a live leaf; the dead leaves found on the way are removed (which may prune
-        ``node`` itself). Stops at the first live leaf, depth first, each node's children as they were when
-        the walk reached it. The nodes on the way down to it go into ``live``: a search asks again for the
+        ``node`` itself). Stops at the first live leaf, depth first, children in order: a child passed over held
+        no live leaf, so its whole subtree is gone and the next child to see is the first one left. The nodes on the way down to it go into ``live``: a search asks again for the
         child it descends into, and for a node on that way the walk would meet only that leaf again (the dead
         leaves before it are gone), so the answer is known. A loop, not a recursion: evictions leave chains
         of inner nodes deeper than Python's recursion limit."""
-        stack: list[tuple[Node, Iterator[Node]]] = []  # the inner nodes on the way, each with children to see
+        stack: list[Node] = []  # the inner nodes on the way
         while True:
             if node in live:
                 found = True
@@ -338,14 +338,15 @@ class ContextIndex:
                 else:
                     self.remove(node)
             else:
-                stack.append((node, iter(list(node.children))))
+                stack.append(node)
                 found = False
             if found:
-                live.update(n for n, _ in stack)
+                live.update(stack)
                 return True
             while stack:
-                node = next(stack[-1][1], None)
-                if node is not None:
+                children = stack[-1].children
+                if children:
+                    node = next(iter(children))
                     break
                 stack.pop()
             else:
