@@ -58,6 +58,11 @@ from prism.errors import UserError
 from prism.calibration import profiles
 
 
+#: the most any coefficient or overhead may be (s): an hour for one token or one iteration is a typo, and a value
+#: near the float's range (1e308) would turn times into inf and the summary's figures into NaN
+MAX_COST_S = 3600.0
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """Fractions of peak that real kernels reach; the defaults are measured on A100-SXM (module docstring)."""
@@ -66,9 +71,12 @@ class Efficiency:
     attention_mfu: float = share(0.35, "prefill attention, fraction of peak FLOP/s")
     decode_mfu: float = share(0.61, "decode at large batches: linear layers, fraction of peak FLOP/s")
     bandwidth: float = share(0.77, "weights and KV reads, fraction of HBM bandwidth")
-    prefill_overhead_s: float = nonneg(0.003, "fixed cost of a prefill iteration (launch, scheduling)")
-    decode_overhead_s: float = nonneg(0.001, "fixed cost of a decode iteration besides its memory or compute")
-    first_token_s: float = nonneg(0.0005, "prefill end to first token at the client (sampling, streaming)")
+    prefill_overhead_s: float = nonneg(0.003, "fixed cost of a prefill iteration (launch, scheduling)",
+                                       le=MAX_COST_S)
+    decode_overhead_s: float = nonneg(0.001, "fixed cost of a decode iteration besides its memory or compute",
+                                      le=MAX_COST_S)
+    first_token_s: float = nonneg(0.0005, "prefill end to first token at the client (sampling, streaming)",
+                                  le=MAX_COST_S)
 
 
 #: the coefficients of each phase, in the order of the formulas
@@ -78,15 +86,15 @@ DECODE = ("a_d", "w_d", "c_d", "b_d")
 
 @dataclass(frozen=True)
 class CostModel:
-    a_p: float = nonneg(0.0, "prefill: fixed cost of an iteration (s)")
-    b_p: float = nonneg(0.0, "prefill: per new token (s)")
-    d_p: float = nonneg(0.0, "prefill: per sequence in the batch, its last token's LM head (s)")
-    c_p: float = nonneg(0.0, "prefill: per (query, key) attention pair (s)")
-    a_d: float = nonneg(0.0, "decode: fixed overhead of a step (s)")
-    w_d: float = nonneg(0.0, "decode: reading the weights once (s)")
-    c_d: float = nonneg(0.0, "decode: reading one context token's KV (s)")
-    b_d: float = nonneg(0.0, "decode: computing one request's token (s)")
-    first_token_s: float = nonneg(0.0)
+    a_p: float = nonneg(0.0, "prefill: fixed cost of an iteration (s)", le=MAX_COST_S)
+    b_p: float = nonneg(0.0, "prefill: per new token (s)", le=MAX_COST_S)
+    d_p: float = nonneg(0.0, "prefill: per sequence in the batch, its last token's LM head (s)", le=MAX_COST_S)
+    c_p: float = nonneg(0.0, "prefill: per (query, key) attention pair (s)", le=MAX_COST_S)
+    a_d: float = nonneg(0.0, "decode: fixed overhead of a step (s)", le=MAX_COST_S)
+    w_d: float = nonneg(0.0, "decode: reading the weights once (s)", le=MAX_COST_S)
+    c_d: float = nonneg(0.0, "decode: reading one context token's KV (s)", le=MAX_COST_S)
+    b_d: float = nonneg(0.0, "decode: computing one request's token (s)", le=MAX_COST_S)
+    first_token_s: float = nonneg(0.0, le=MAX_COST_S)
     name: str = "custom"
 
     def prefill_time(self, new: Sequence[int], cached: Sequence[int]) -> float:

@@ -107,12 +107,16 @@ def parse_sizes(text: str, flag: str, minimum: int) -> list[int]:
 def check_url(url: str, flag: str = "--url") -> str:
     """``http(s)://HOST[:PORT]`` without a trailing slash; a :class:`UserError` naming the flag otherwise."""
     url = url.strip().rstrip("/")
-    parts = urllib.parse.urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or port == 0:
+    scheme = host = port = None
+    try:  # a malformed host ("[::1", "[zz]", a label past 63 characters) or port raises here, not at the request
+        parts = urllib.parse.urlsplit(url)
+        scheme, port, host = parts.scheme, parts.port, parts.hostname
+        if host:
+            host.encode("idna")
+    except (ValueError, UnicodeError):
+        host = None
+    if (scheme not in ("http", "https") or not host or port == 0
+            or any(c.isspace() or not c.isprintable() for c in url)):
         raise UserError(f"{flag}: expected http://HOST:PORT (port 1..65535), got {url!r}")
     return url
 

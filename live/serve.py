@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from prism.errors import UserError
+from prism.output import prepare_out_dir
 from prism.settings import Settings
 
 from prism.live.hooks import BACKEND, CONFIG_ENV, NATIVE_SCHEDULERS, PluginConfig
@@ -185,8 +186,7 @@ def write_plugin(settings: Settings, opts: ServeOptions) -> Path:
 
     deploy = deployment_of(settings.scheduler, settings.policy_configs)
     bound = running_slots(settings, opts) if deploy.holds_backlog else None
-    out = opts.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(opts.out)
     path = out / "plugin.json"
     PluginConfig.serving(settings.scheduler, settings.eviction, settings.policy_configs, deploy, out,
                          bound).write(path)

@@ -131,12 +131,32 @@ def open_input(path: str | Path, what: str = "file") -> BinaryIO:
         raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
 
 
+#: the most a device or pipe given as an input may send (a regular file is read whole, whatever its size)
+MAX_STREAM_BYTES = 1 << 30
+
+
+def _read_stream(f: BinaryIO, where: str) -> bytes:
+    """A device's or a pipe's bytes, up to the first NUL (refused by the caller: ``/dev/zero`` never ends) or
+    :data:`MAX_STREAM_BYTES`."""
+    chunks, size = [], 0
+    while chunk := f.read(1 << 20):
+        nul = chunk.find(b"\0")
+        if nul >= 0:
+            chunks.append(chunk[:nul + 1])
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_STREAM_BYTES:
+            raise UserError(f"more than {MAX_STREAM_BYTES >> 20} MiB from a device or pipe: not an input file", where)
+    return b"".join(chunks)
+
+
 def read_text(path: str | Path, what: str = "file") -> str:
     """A text file's contents as UTF-8; a missing file, a folder, unreadable bytes or a NUL byte become one
     line naming the file (and the line of the bad byte)."""
     with open_input(path, what) as f:
         try:
-            data = f.read()
+            data = f.read() if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else _read_stream(f, str(path))
         except OSError as e:
             raise UserError(f"cannot read: {_os_reason(e)}", str(path)) from None
     p = Path(path)

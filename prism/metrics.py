@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from prism.errors import UserError
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text, write_csv
 from prism.settings import RunSpec
 
@@ -175,8 +176,11 @@ class RecordStream:
 
     def _flush(self) -> None:
         text = "".join(self._block)
-        self._f.write(text)
-        self._f.flush()
+        try:
+            self._f.write(text)
+            self._f.flush()
+        except OSError as e:  # a disk that fills up mid-run
+            raise UserError(f"cannot write: {e.strerror or e}", str(self.path)) from None
         if text.isascii():  # bytes in the file: characters, unless a name has others
             self._lengths.extend(map(len, self._block))
         else:

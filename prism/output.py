@@ -143,6 +143,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, p)
+    except OSError as e:  # a disk that fills up, a folder removed meanwhile: one line naming the file
+        if e.filename is not None and str(e.filename) != str(tmp):
+            raise  # not this file's (an input read in the block): its own message names it
+        raise UserError(f"cannot write: {e.strerror or e}", str(p)) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

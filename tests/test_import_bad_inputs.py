@@ -120,6 +120,15 @@ CASES = [
                                      "tk/tokenizer_config.json": json.dumps({"chat_template": RAISING})},
                                     oai()[1][:5] + ["{d}/tk", "-o", OUT]),
      "log.jsonl:1: the chat template refuses the request: this template serves no one"),
+    ("tokenizer-template-divides-by-zero", ({"log.jsonl": jl(body(1)), "tk/tokenizer.json": "@tokenizer.json",
+                                             "tk/tokenizer_config.json": json.dumps({"chat_template": "{{ 1/0 }}"})},
+                                            oai()[1][:5] + ["{d}/tk", "-o", OUT]),
+     "log.jsonl:1: the chat template refuses the request: division by zero"),
+    ("tokenizer-template-recursion", ({"log.jsonl": jl(body(1)), "tk/tokenizer.json": "@tokenizer.json",
+                                       "tk/tokenizer_config.json": json.dumps(
+                                           {"chat_template": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"})},
+                                      oai()[1][:5] + ["{d}/tk", "-o", OUT]),
+     "the chat template refuses the request: maximum recursion depth exceeded"),
     ("tokenizer-template-not-string", ({"log.jsonl": jl(body(1)), "tk/tokenizer.json": "@tokenizer.json",
                                         "tk/tokenizer_config.json": json.dumps({"chat_template": 5})},
                                        oai()[1][:5] + ["{d}/tk", "-o", OUT]), "field 'chat_template'"),
@@ -161,6 +170,8 @@ CASES = [
     ("sharegpt-trailing-data", sg(json.dumps([conv(("human", "a"), ("gpt", "b"))]) + "\n[]"), "extra data"),
     # --- CSV ---
     ("csv-missing-column", csv_("timestamp,prompt_tokens\n0,5\n"), "a.csv:1: missing column 'output_tokens'"),
+    ("csv-column-twice", csv_("timestamp,prompt_tokens,output_tokens,prompt_tokens\n0,5,10,7\n"),
+     "a.csv:1: column 'prompt_tokens' named twice in the header"),
     ("csv-bad-number", csv_("timestamp,prompt_tokens,output_tokens\n0,5,2\n1,many,2\n"),
      "a.csv:3: field 'prompt_tokens': expected an integer"),
     ("csv-timestamp-backwards", csv_("timestamp,prompt_tokens,output_tokens\n5,5,2\n1,5,2\n"),
@@ -227,8 +238,7 @@ def test_bad_import_input(tmp_path, capsys, chat_tokenizer_dir, files, argv, fra
     assert code == 2, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
-    assert lines[-1].startswith("prism-trace") and ": error: " in lines[-1], err
-    assert len(lines) == 1 or lines[0].startswith("usage:"), err
+    assert len(lines) == 1 and lines[0].startswith("prism-trace") and ": error: " in lines[0], err
     assert fragment.replace("{d}", str(tmp_path)) in lines[-1], err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written, no temp file
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -450,6 +451,64 @@ def test_atomic_helpers(tmp_path):
     with pytest.raises(UserError, match="file.txt is a file"):
         (tmp_path / "file.txt").write_text("")
         prepare_run_dir(tmp_path / "file.txt" / "x", ())
+
+
+def test_a_disk_that_fills_up_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    """ENOSPC while writing: the atomic writer and the streamed requests.csv name the file they were writing
+    (the old file stays whole, no temporary file is left); an OSError about another file (an input read in the
+    block) keeps its own name; whatever else escapes a command is one line, exit status 2."""
+    import errno
+
+    from prism.cli.common import entry_point
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    target = tmp_path / "a.csv"
+    write_atomic_text(target, "old")
+    with pytest.raises(UserError, match=r"a\.csv: cannot write: No space left on device"), atomic_path(target):
+        raise full
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.csv"]
+    with pytest.raises(FileNotFoundError), atomic_path(target):
+        open(tmp_path / "input.yaml")
+    stream = RecordStream(tmp_path / "requests.csv", flush_every=1)
+
+    def no_room(text):
+        raise full
+    monkeypatch.setattr(stream._f, "write", no_room)
+    with pytest.raises(UserError, match=r"requests\.csv: cannot write: No space left on device"):
+        stream(RequestRecord(0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.2, 5, 0, 2, "default", False))
+
+    @entry_point("prism-x")
+    def gone(argv):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/tmp/out/x.csv")
+    assert gone([]) == 2
+    assert capsys.readouterr().err == "prism-x: error: /tmp/out/x.csv: No such file or directory\n"
+
+
+def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
+    """A console script imports its command's module (numpy and the rest) before the command's own handler
+    runs: a Ctrl-C then ends as one during the run does."""
+    import importlib
+
+    from prism.cli import launch
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        launch.sim()
+    assert stop.value.code == 128 + signal.SIGINT
+    assert capsys.readouterr().err == "prism-sim: interrupted\n"
+
+
+def test_every_console_script_goes_through_the_launcher():
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    from prism.cli import launch
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        assert module == "prism.cli.launch" and callable(getattr(launch, func)), name
 
 
 def test_a_run_folder_holds_one_run_of_either_engine(tmp_path, capsys):

@@ -52,3 +52,13 @@ def test_a_bound_that_is_not_a_positive_number_is_one_line(tmp_path, capsys, bad
     assert code == 2 and argv == [] and len(err.splitlines()) == 1
     assert "--max-running-requests" in err and repr(bad) in err, err
     assert not (tmp_path / "prism").exists()  # checked before anything is written
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_an_out_folder_it_cannot_write_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    code = live_main(["serve", "--model", "tiny", "--device", "cpu", "--out", str(out), "--print-command"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("prism-live: error: --out "), err
+    assert (tmp_path / "f").read_text() == "x"

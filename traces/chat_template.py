@@ -271,13 +271,11 @@ class ChatTokenizer:
     # ---------------------------------------------------------------- rendering
     def render(self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
         """The prompt text, as ``apply_chat_template(tokenize=False)`` gives it; TemplateRefused if it refuses."""
-        import jinja2
-
         template = self._template(tools)[0]
         try:
             return template.render(messages=_fields(list(messages)), tools=list(tools) if tools else None,
                                    documents=None, add_generation_prompt=add_generation_prompt, **self._special)
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except Exception as e:  # the template is the tokenizer's code: whatever it raises (1/0, a recursion), it refused
             raise TemplateRefused(" ".join(str(e).split()) or type(e).__name__) from None
 
     # ---------------------------------------------------------------- encoding

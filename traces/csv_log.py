@@ -13,7 +13,7 @@ import io
 import math
 from pathlib import Path
 
-from prism.config import MAX_TOKENS, read_text
+from prism.config import MAX_TOKENS, check_csv_header, read_text
 from prism.core import PRIV
 from prism.errors import UserError
 
@@ -39,10 +39,8 @@ def _field(row: dict, name: str, where: str, integer: bool) -> float:
 
 def read(path: Path, options: ImportOptions) -> Trace:
     reader = csv.DictReader(io.StringIO(read_text(path, "CSV file"), newline=""))
-    names = [n.strip().lower() for n in reader.fieldnames or []]
-    missing = [c for c in COLUMNS if c not in names]
-    if missing:
-        raise UserError(f"missing column {missing[0]!r} (the header needs {', '.join(COLUMNS)})", f"{path}:1")
+    names = None if reader.fieldnames is None else [n.strip().lower() for n in reader.fieldnames]
+    check_csv_header(names, f"{path}:1", COLUMNS)
     reader.fieldnames = names
     out, stamps = LaidOut(), Timestamps(options.qps is None)
     with progress(options) as bar:

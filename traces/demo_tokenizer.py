@@ -110,7 +110,10 @@ def build(folder: str | Path, data_dir: str | Path | None = None, vocab_size: in
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "tokenizer.json") as tmp:
-        tok.save(str(tmp))
+        try:
+            tok.save(str(tmp))
+        except Exception as e:  # the library's own (Rust) error, an OSError's text: "No space left on device"
+            raise UserError(f"cannot write: {e}", str(out / "tokenizer.json")) from None
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 131072,

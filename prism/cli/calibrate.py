@@ -12,7 +12,7 @@ from prism.calibration import fit as fitting
 from prism.calibration import measure as measuring
 from prism.calibration import profiles
 from prism.calibration.cost_model import DEFAULT_PROFILE, CostModel, Efficiency, load_profile, profile_from, roofline
-from prism.cli.common import entry_point, table
+from prism.cli.common import entry_point, Parser, table
 from prism.errors import UserError
 from prism.output import check_out_file, write_atomic_text
 
@@ -25,7 +25,7 @@ DECODE_CONTEXT = 1024  # ... each request with this many tokens of context
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-calibrate", description=__doc__.split(":", 1)[1].strip())
+    p = Parser(prog="prism-calibrate", description=__doc__.split(":", 1)[1].strip())
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("show", help="GPU and model specs, KV bytes per token, KV capacity, roofline coefficients")
     s.add_argument("--gpu", default=DEFAULT_GPU, help=f"one of {', '.join(profiles.gpus())}")

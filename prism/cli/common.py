@@ -33,6 +33,9 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
             except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as a shell tool does
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
                 code = 1
+            except OSError as e:  # what the checks cannot foresee: a disk that fills up, a folder gone mid-run
+                print(f"{prog}: error: {os_error_text(e)}", file=sys.stderr)
+                code = 2
             if argv is None:
                 sys.exit(code)
             return code
@@ -40,6 +43,20 @@ def entry_point(prog: str) -> Callable[[Callable[[list[str] | None], int]], Call
         return main
 
     return wrap
+
+
+def os_error_text(e: OSError) -> str:
+    """An operating system's refusal in one line, naming the file where it has one."""
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{e.filename}: {what}" if e.filename is not None else what
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser under the error contract: a bad flag is one line and exit status 2 (argparse prints its
+    whole usage first); the line points to ``--help``. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def parse_rates(text: str, flag: str = "--qps") -> list[float]:

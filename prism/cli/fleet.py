@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
-                              comma_list, table)
+                              comma_list, Parser, table)
 from prism.errors import UserError
 from prism.interrupts import exit_status
 from prism.output import write_csv
@@ -90,9 +90,9 @@ settings is refused unless --force.
 
 
 def sweep_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-sim sweep", description="A fleet sweep: sharing schemes x GPUs x rate "
-                                "scales x seeds on a multi-model trace.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EPILOG)
+    p = Parser(prog="prism-sim sweep", description="A fleet sweep: sharing schemes x GPUs x rate "
+               "scales x seeds on a multi-model trace.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EPILOG)
     add_fleet_sweep_flags(p)
     p.add_argument("--gpus", help="comma-separated fleet sizes (default 2)")
     p.add_argument("--rate-scale", help="comma-separated multipliers of the trace's rate (default 1)")
@@ -151,9 +151,9 @@ runs it took (DIR/runs/..., DIR/fleet.csv: a rerun reuses them) and attainment_v
 
 
 def plan_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-sim plan", description="The fewest GPUs per sharing scheme that meet "
-                                "an SLO-attainment target on a multi-model trace.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-sim plan", description="The fewest GPUs per sharing scheme that meet "
+               "an SLO-attainment target on a multi-model trace.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_fleet_sweep_flags(p)
     p.add_argument("--attainment", type=float, default=0.99, help="the target: share of requests within both "
                                                                  "their TTFT and TPOT SLO (default 0.99)")

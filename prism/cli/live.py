@@ -10,7 +10,7 @@ from pathlib import Path
 from prism.calibration import profiles
 from prism.calibration.cost_model import load_profile
 from prism.calibration.measure import check_url
-from prism.cli.common import entry_point, table
+from prism.cli.common import entry_point, Parser, table
 from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.errors import UserError
 from prism.interrupts import exit_status
@@ -116,9 +116,9 @@ def apply_pace_profile(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-live", description=__doc__.split(":", 1)[1].strip()
-                                + "\nAgainst the simulator: prism-live validate (prism-live validate --help).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-live", description=__doc__.split(":", 1)[1].strip()
+               + "\nAgainst the simulator: prism-live validate (prism-live validate --help).",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
     add_live_flags(p)
     p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")

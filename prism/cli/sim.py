@@ -7,7 +7,7 @@ import atexit
 import gc
 import sys
 
-from prism.cli.common import entry_point, table
+from prism.cli.common import entry_point, Parser, table
 from prism.cli.run_flags import add_fleet_flags, add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.metrics import RecordStream, prepare_run_folder, write_json
 from prism.interrupts import InterruptsHeld, exit_status
@@ -47,9 +47,9 @@ summary.json (complete: false) beside the requests that finished, and exits with
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip()
-                                + "\nMany runs at once: prism-sim sweep (prism-sim sweep --help).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip()
+               + "\nMany runs at once: prism-sim sweep (prism-sim sweep --help).",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_flags(p)
     p.add_argument("--instances", type=int, help="engine instances behind a router (default 1: one engine)")
     p.add_argument("--router", help=f"routing policy of a cluster: {', '.join(ROUTERS)} (default cache_aware)")

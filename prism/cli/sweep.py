@@ -11,7 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, add_workers_flag, check_workers,
-                              comma_list, parse_rates, table)
+                              comma_list, parse_rates, Parser, table)
 from prism.errors import UserError
 from prism.interrupts import exit_status
 from prism.policies.registry import METHODS, check_router
@@ -57,8 +57,8 @@ MAX_SEEDS = 1000
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_trace_flag(p)
     p.add_argument("--methods", help="comma-separated methods (default: sglang,klpm,contextpilot,prism; with "
                                       "--ablate: prism,contextpilot,klpm)")

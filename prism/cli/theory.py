@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from prism.cli.common import (add_set_flag, add_trace_flag, add_workers_flag, check_workers, entry_point, parse_rates,
-                              table)
+                              Parser, table)
 from prism.errors import UserError
 from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
@@ -34,10 +34,10 @@ OUTPUTS = ("theory.json", "theory.csv", "theory.png")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-theory", description=__doc__.split(":", 1)[1].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example:\n  prism-theory --trace traces/zipf.yaml --method prism "
-                                       "--qps 20,40,60,80 --out runs/theory")
+    p = Parser(prog="prism-theory", description=__doc__.split(":", 1)[1].strip(),
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="example:\n  prism-theory --trace traces/zipf.yaml --method prism "
+                      "--qps 20,40,60,80 --out runs/theory")
     add_trace_flag(p)
     p.add_argument("--method", default="prism", help="method preset or SCHEDULER+EVICTION")
     p.add_argument("--qps", default="10,20,30,40", help="comma-separated arrival rates")

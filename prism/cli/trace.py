@@ -7,7 +7,7 @@ import json
 import sys
 
 from prism.calibration.profiles import check_served
-from prism.cli.common import add_set_flag, entry_point
+from prism.cli.common import add_set_flag, entry_point, Parser
 from prism.cli.trace_io import add_import_parsers, run_import_command
 from prism.config import apply_overrides
 from prism.errors import UserError
@@ -19,7 +19,7 @@ from prism.traces.trace import Trace, served_models
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-trace", description="Generate, inspect and sample PRISM traces.")
+    p = Parser(prog="prism-trace", description="Generate, inspect and sample PRISM traces.")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen", help="materialize a trace spec into a JSONL trace file")
     g.add_argument("spec", help="trace spec YAML (or built-in name 'zipf')")

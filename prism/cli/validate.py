@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
-                              table)
+                              Parser, table)
 from prism.cli.live import add_live_flags, apply_pace_profile, check_server, options
 from prism.errors import UserError
 from prism.metrics import read_requests_csv, write_json
@@ -30,8 +30,8 @@ COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_trace_flag(p)
     p.add_argument("--methods", default="sglang,prism", help="comma-separated methods (default sglang,prism)")
     p.add_argument("--qps", default="15,25", help="comma-separated arrival rates (default 15,25)")
