@@ -7,8 +7,9 @@ get their segments from their messages in the server (:mod:`prism.live.chat`), s
 :func:`launch` is the one description of that server: ``python -m sglang.launch_server`` arguments and the
 environment, the same whether prism starts the process (:func:`serve`) or prints the command for an operator who
 starts SGLang themselves (``--print-command``). Everything that can be checked before a server starts is checked
-first, each failure one line (:func:`check_serve`): an unknown method (the settings), a port in use, a model
-folder without the tokenizer the chat path needs, an argument after ``--`` that prism sets itself.
+first, each failure one line (:func:`check_host`, :func:`check_own_args`, :func:`check_serve`): an unknown method
+(the settings), a host no server can listen on, an argument after ``--`` that prism sets itself (the printed
+command too), a port in use, a model folder without the tokenizer the chat path needs.
 """
 
 from __future__ import annotations
@@ -83,8 +84,19 @@ def take_shared(opts: "ServeOptions", given: dict[str, str | None]) -> None:
                 raise UserError(f"expected a port in 1..65535 after --, got {value!r}", flag)
             opts.port = int(value)
         else:
-            opts.host = value
+            opts.host = check_host(value)
     opts.sglang_args = rest
+
+
+def check_host(host: str, flag: str = "--host") -> str:
+    """A host name or an IP address (letters, digits, ``.-_:``; IDNA-encodable), not an empty or a shell word."""
+    try:
+        ok = bool(host) and all(c.isalnum() or c in ".-_:" for c in host) and bool(host.encode("idna"))
+    except UnicodeError:
+        ok = False
+    if not ok:
+        raise UserError(f"expected a host name or an IP address, got {host!r}", flag)
+    return host
 
 
 def check_port(host: str, port: int) -> None:
@@ -121,11 +133,17 @@ def check_tokenizer(model: ServedModel, args: list[str]) -> None:
     ChatTokenizer(folder).check_template()
 
 
-def check_serve(model: ServedModel, opts: ServeOptions) -> None:
+def check_own_args(opts: ServeOptions) -> None:
+    """No argument after ``--`` that prism sets itself (the printed command would hold it twice, the last
+    winning: ``--radix-cache-backend radix`` would turn the plugin off)."""
     for arg in opts.sglang_args:
         name = arg.split("=", 1)[0]
         if name in OWN_ARGS:
             raise UserError(f"{name} is set by prism-live serve ({OWN_ARGS[name]}); drop it after --", name)
+
+
+def check_serve(model: ServedModel, opts: ServeOptions) -> None:
+    """What a server needs before it starts (the arguments were checked first: :func:`check_own_args`)."""
     check_tokenizer(model, opts.sglang_args)
     check_port(opts.host, opts.port)
 

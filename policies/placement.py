@@ -70,6 +70,10 @@ class ModelLoad:
     min_kv_bytes: float = 0.0  # all shards: KV it must own beside the other residents' (a fixed pool's floor)
 
     def __post_init__(self) -> None:
+        if self.tpot_slo_s == math.inf:  # placement packs by TPOT: a model needs one
+            raise UserError("no TPOT SLO to place it by: the trace's models give it none and none could be measured "
+                            "(no request of it with a second output token to run on a GPU of its own); set its "
+                            "tpot_slo_s", f"model {self.name!r}")
         for field_name, positive in (("token_rate", False), ("kv_bytes_per_token", True), ("weight_bytes", False),
                                      ("tpot_slo_s", True), ("min_kv_bytes", False)):
             value = getattr(self, field_name)

@@ -516,6 +516,8 @@ CASES = [
     # --- prism-live (flag validation only: no server starts) ---
     ("live-trace-garbage", "live", {"t.jsonl": GARBAGE}, ["--trace", "{d}/t.jsonl"], "t.jsonl:1"),
     ("live-url-bracket-open", "live", {}, ["--trace", "zipf", "--url", "http://[::1"], "--url"),
+    ("live-dilation-without-pace", "live", {}, ["--trace", "zipf", "--dilation", "5"], "give --pace too"),
+    ("sim-out-empty", "sim", {}, ["--trace", "zipf", "--out", ""], "argument --out: expected a path"),
     ("live-url-ratio-knob", "live", {}, ["--trace", "zipf", "--url", "http://127.0.0.1:9", "--set",
                                          "engine.init_new_token_ratio=0.5"], "engine.init_new_token_ratio"),
     ("validate-url-clip-knob", "live", {}, ["validate", "--trace", "zipf", "--methods", "sglang", "--qps", "5",

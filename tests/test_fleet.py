@@ -325,6 +325,19 @@ def test_attainment_is_the_share_of_requests_within_both_slos():
     assert s["goodput_rps"] == pytest.approx(2 / span)
 
 
+def test_a_model_whose_tpot_slo_cannot_be_measured_is_one_line(tmp_path, capsys):
+    """30 requests of multimodel leave a model without a request of two output tokens: no TPOT SLO can be
+    measured for it, which a placement needs (a dedicated GPU each does not)."""
+    from prism.cli.sim import main
+
+    argv = ["--trace", "multimodel", "--set", "trace.num_requests=30", "--no-progress", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("prism-sim: error: model '") and "no TPOT SLO to place it by" in err, err
+    assert len(err.splitlines()) == 1
+    assert main([*argv, "--sharing", "dedicated"]) == 0
+
+
 def test_slos_default_to_the_dedicated_p95_times_the_scale():
     from prism.sim.fleet import with_slos
 

@@ -195,6 +195,8 @@ def test_idle_models_longest_idle_first_never_a_busy_one():
 def test_bad_input_names_the_field():
     with pytest.raises(UserError, match=r"model 'a': field 'tpot_slo_s': must be a finite number > 0"):
         model("a", 1, 1, slo=0)
+    with pytest.raises(UserError, match=r"model 'a': no TPOT SLO to place it by"):
+        model("a", 1, 1, slo=math.inf)
     with pytest.raises(UserError, match=r"model 'a': field 'token_rate'"):
         model("a", -1, 1)
     with pytest.raises(UserError, match=r"model 'big': field 'tp': 16 GPUs"):

@@ -62,3 +62,24 @@ def test_an_out_folder_it_cannot_write_is_one_line(tmp_path, capsys, where):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("prism-live: error: --out "), err
     assert (tmp_path / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--out", ""], "argument --out: expected a path, got an empty one"),
+    (["--host", "bad host!"], "--host: expected a host name or an IP address, got 'bad host!'"),
+    (["--", "--host"], "--host: expected a host name or an IP address, got ''"),
+    (["--", "--radix-cache-backend", "radix"], "--radix-cache-backend is set by prism-live serve"),
+    (["--", "--schedule-policy=lpm"], "--schedule-policy is set by prism-live serve"),
+])
+def test_what_would_print_a_wrong_command_is_one_line(tmp_path, capsys, argv, fragment):
+    """Refused before anything is written, with --print-command too: an empty --out (the current folder), a host
+    no server can listen on, an argument after -- that prism sets itself (printed twice, the last would win)."""
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
+    try:
+        code = live_main(["serve", "--model", "tiny", "--device", "cpu", "--set", "engine.max_total_tokens=8192",
+                          "--print-command", *out, *argv])
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and fragment in err, err
+    assert not (tmp_path / "o").exists()

@@ -58,6 +58,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extra = super().parse_known_args(args, namespace)
+        if getattr(ns, "out", None) == "":  # Path("") is the current folder: never where a user meant to write
+            flag = next(("/".join(a.option_strings) for a in self._actions if a.dest == "out"), "--out")
+            self.error(f"argument {flag}: expected a path, got an empty one")
+        return ns, extra
+
 
 def parse_rates(text: str, flag: str = "--qps") -> list[float]:
     """``"40,50,60"`` → arrival rates, each finite and within the documented bounds of a trace's rate."""

@@ -53,8 +53,7 @@ def add_live_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pace", nargs="?", const="", metavar="PROFILE",
                    help="pace each forward pass to this profile's cost model (GPU:MODEL or YAML; without a value: "
                         "the run's --profile)")
-    p.add_argument("--dilation", type=float, default=10.0, help="with --pace: real seconds per modelled second "
-                                                                "(default 10)")
+    p.add_argument("--dilation", type=float, help="with --pace: real seconds per modelled second (default 10)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the server runs (auto: cuda when nvidia-smi exists)")
     p.add_argument("--port", type=int, default=30123, help="server port on 127.0.0.1 (default 30123)")
@@ -65,6 +64,10 @@ def add_live_flags(p: argparse.ArgumentParser) -> None:
 def options(args: argparse.Namespace):
     from prism.live.run import LiveOptions
 
+    if args.dilation is not None and args.pace is None:
+        raise UserError("--dilation stretches a paced run's time: give --pace too")
+    if args.dilation is None:
+        args.dilation = 10.0
     if not args.dilation > 0 or args.dilation == float("inf"):
         raise UserError(f"--dilation must be a positive number, got {args.dilation}")
     if not 0 < args.port < 65536:

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(own)
     given = {"--port": None if args.port is None else str(args.port), "--host": args.host}
     args.port = 30000 if args.port is None else args.port
-    args.host = args.host or "127.0.0.1"
+    args.host = "127.0.0.1" if args.host is None else args.host
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {args.port}")
     if not 0 < args.startup_timeout < float("inf"):
@@ -76,12 +76,15 @@ def main(argv: list[str]) -> int:
     settings = settings_of(args)
     from prism.live.instance import device_of
     from prism.live.model import resolve_model
-    from prism.live.serve import ServeOptions, check_serve, command_line, launch, serve, take_shared, write_plugin
+    from prism.live.serve import (ServeOptions, check_host, check_own_args, check_serve, command_line, launch, serve,
+                                  take_shared, write_plugin)
 
     model = resolve_model(args.model)
     opts = ServeOptions(host=args.host, port=args.port, device=device_of(args.device), out=Path(args.out),
                         startup_timeout_s=args.startup_timeout, sglang_args=sglang_args)
+    check_host(opts.host)
     take_shared(opts, given)
+    check_own_args(opts)
     if args.print_command:
         plugin = write_plugin(settings, opts)
         print(command_line(*launch(settings, model, opts, plugin)))
