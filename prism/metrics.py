@@ -73,10 +73,18 @@ SERVER_FILES = ("events.jsonl", "counters.json", "overruns.jsonl", "plugin.json"
                 "router.log")  # the last two: a run behind sglang-router
 
 
+#: a sweep's manifest (``sim/sweep.py``): a folder that holds one is a sweep's
+SWEEP_MANIFEST = "sweep.json"
+
+
 def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:
     """A run's folder, checked and created, with every file an earlier run of either engine left there removed
     (summary.json first; a live cluster's instance folders too), so that a simulated run never lands beside a
-    live run's server log and plugin files, nor a live run beside an older one's."""
+    live run's server log and plugin files, nor a live run beside an older one's. A sweep's folder is refused:
+    the run's summary.json would sit among the sweep's tables, read as one of its results."""
+    if (Path(path) / SWEEP_MANIFEST).exists():
+        raise UserError(f"holds a sweep ({SWEEP_MANIFEST}); a run goes in a folder of its own: use another {flag}",
+                        f"{flag} {path}")
     out = prepare_run_dir(path, (*RUN_FILES, *SERVER_FILES), flag)
     for d in sorted(out.glob("instance-*")):
         if d.is_dir():

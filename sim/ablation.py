@@ -33,9 +33,8 @@ from prism.policies.base import Part
 from prism.policies.registry import ablation, knob_sections
 from prism.traces.spec import is_materialized, resolve
 
-from prism.sim.sweep import SWEEP_FILES, RunTask, Sweep, task_config
+from prism.sim.sweep import ABLATION_FILES, SWEEP_FILES, RunTask, Sweep, task_config
 
-ABLATION_FILES = ("ablation.csv", "ablation.json")
 #: the table's rows besides the parts
 GAIN, BASE, SUM = "gain", "base", "sum of parts"
 COLUMNS = ["method", "qps", "seeds", "row", "series", "what", "hit_rate", "hit_rate_ci95", "hit_delta",

@@ -15,7 +15,8 @@ A plan (:func:`plan`) finds, per scheme, the fewest GPUs at which the fleet meet
 the scheme at the fewest GPUs that can hold its models and upwards (a batch of as many sizes as there are
 workers at a time) until a size meets the target or ``max_gpus`` is passed. Attainment need not grow with
 every GPU added (placement changes), so the answer is the first size that meets it, and the runs it took are
-kept in the plan's folder as a sweep's are (a rerun reuses them).
+kept in the plan's folder as a sweep's are (a rerun reuses them). Sizes past the answer that a batch ran are
+dropped: the plan's files are those of a plan on one worker, whatever the worker count.
 """
 
 from __future__ import annotations
@@ -36,15 +37,14 @@ from prism.metrics import RUN_FILES, csv_float, read_summary, write_json, write_
 from prism.output import clear_leftovers, prepare_run_dir, write_csv
 from prism.settings import settings_from
 
-from prism.sim.sweep import MANIFEST, _canonical, folder_lock, pool_size, worker_pool
+from prism.sim.sweep import (FLEET_FILES, MANIFEST, _canonical, check_no_single_run, clear_sweep_folder, folder_lock,
+                             pool_size, worker_pool)
 
 ROW_FIELDS = ["series", "sharing", "gpus", "rate_scale", "seed", "qps", "requests", "feasible", "attainment",
               "attainment_ttft", "attainment_tpot", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
               "tpot_p99_s", "activations", "evictions", "migrations", "bytes_moved", "loading_s", "wall_s"]
 AGG_METRICS = ["attainment", "attainment_ttft", "attainment_tpot", "goodput_rps", "ttft_p99_s", "tpot_p99_s",
                "migrations", "activations"]
-FLEET_FILES = ("fleet.csv", "fleet_aggregate.csv", "attainment_vs_rate_scale.png", "attainment_vs_gpus.png",
-               "plan.csv", "plan.json")
 
 
 @dataclass
@@ -178,19 +178,21 @@ class FleetSweep:
                 for seed in self.seeds]
 
     def lock(self):
+        if not self.force:  # before the lock file: a refused sweep leaves the run's folder as it was
+            check_no_single_run(self.out)
         return folder_lock(self.out, FLEET_FILES)
 
     def check_folder(self) -> None:
-        """A folder of another sweep's settings is refused (or, with ``force``, emptied)."""
+        """A folder of another sweep's settings, or of a single run, is refused (or, with ``force``, emptied)."""
         mine = {"kind": "fleet", "trace": self.trace, "config": _canonical(self.config)}
         old = read_summary(self.out / MANIFEST) if (self.out / MANIFEST).exists() else None
-        if (self.out / MANIFEST).exists() and (old is None or {k: old.get(k) for k in mine} != mine):
-            if not self.force:
+        other = (self.out / MANIFEST).exists() and (old is None or {k: old.get(k) for k in mine} != mine)
+        if not self.force:
+            if other:
                 raise UserError("holds a sweep of other settings; use another --out, or --force to replace it",
                                 f"--out {self.out}")
-            for name in (*FLEET_FILES, MANIFEST):
-                (self.out / name).unlink(missing_ok=True)
-            shutil.rmtree(self.out / "runs", ignore_errors=True)
+        elif other or any((self.out / name).exists() for name in RUN_FILES):  # a single run's (see lock)
+            clear_sweep_folder(self.out)
 
     def run(self, tasks: list[FleetTask] | None = None,
             on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -224,6 +226,22 @@ class FleetSweep:
                 on_done(rows[t.key])
         save()
         return self.rows
+
+    def discard(self, tasks: list[FleetTask]) -> None:
+        """Forget runs made ahead of need (a plan's sizes past the fewest that meets its target, run beside the
+        others on spare workers): their folders and manifest entries go and fleet.csv is written without them,
+        so the folder holds what a plan on one worker leaves, whatever the machine's core count."""
+        if not tasks:
+            return
+        gone = {t.key for t in tasks}
+        manifest = read_summary(self.out / MANIFEST) or {}
+        write_json({**manifest, "runs": [k for k in manifest.get("runs", []) if tuple(k) not in gone]},
+                   self.out / MANIFEST)
+        for t in tasks:
+            shutil.rmtree(t.folder, ignore_errors=True)
+            if t.folder.parent.is_dir() and not any(t.folder.parent.iterdir()):
+                t.folder.parent.rmdir()
+        self.run([])
 
     def write_aggregate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         agg = aggregate(rows)
@@ -270,12 +288,17 @@ def plan(sweep: FleetSweep, target: float, scale: float, max_gpus: int,
             sizes = list(range(g, min(g + batch, max_gpus + 1)))
             if sharing == "dedicated":
                 sizes = [start]  # its size is fixed: one per model
-            rows = sweep.run([sweep.task(sharing, n, scale, s) for n in sizes for s in sweep.seeds], on_done)
+            tasks = [sweep.task(sharing, n, scale, s) for n in sizes for s in sweep.seeds]
+            had = {t.key for t in tasks if finished_summary(t) is not None}  # runs the folder held already
+            rows = sweep.run(tasks, on_done)
             for n in sizes:
                 mine = [float(r["attainment"]) for r in rows if r["sharing"] == sharing and int(r["gpus"]) == n
                         and float(r["rate_scale"]) == scale]
                 tried[n] = sum(mine) / len(mine)
             found = next((n for n in sizes if tried[n] >= target), None)
+            if found is not None:  # sizes past it, run at once on spare workers, are not the plan's: one at a
+                sweep.discard([t for t in tasks if t.gpus > found and t.key not in had])  # time stops at it
+                tried = {n: a for n, a in tried.items() if n <= found}
             if sharing == "dedicated":
                 break
             g = sizes[-1] + 1

@@ -45,8 +45,8 @@ import numpy as np
 from prism.counters import SWEEP_COUNTERS
 from prism.errors import UserError
 from prism.interrupts import HELD, InterruptsHeld, die_with_parent
-from prism.metrics import (RUN_FILES, RequestRecord, csv_columns, csv_float, read_summary, write_json,
-                           write_requests_csv)
+from prism.metrics import (RUN_FILES, SWEEP_MANIFEST, RequestRecord, csv_columns, csv_float, read_summary,
+                           write_json, write_requests_csv)
 from prism.output import check_out_file, clear_leftovers, prepare_out_dir, prepare_run_dir, write_csv
 from prism.settings import RunSpec, for_method, for_router, settings_from
 from prism.traces.spec import is_materialized, load_trace, resolve
@@ -283,11 +283,45 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 #: files a sweep writes at its folder's top (plots: these and ttft_cdf_qps<Q>.png)
 SWEEP_FILES = ("summary.csv", "aggregate.csv", "ttft_p99_vs_qps.png", "ttft_p50_vs_qps.png", "hit_rate_vs_qps.png",
                "imbalance_vs_qps.png")
-MANIFEST, LOCK = "sweep.json", ".sweep.lock"
+#: an ablation's beside them (``sim/ablation.py``; plots: ablation_qps<Q>.png)
+ABLATION_FILES = ("ablation.csv", "ablation.json")
+#: prism-theory's beside them
+THEORY_FILES = ("theory.json", "theory.csv", "theory.png")
+#: a fleet sweep's and a plan's (``sim/fleet_sweep.py``)
+FLEET_FILES = ("fleet.csv", "fleet_aggregate.csv", "attainment_vs_rate_scale.png", "attainment_vs_gpus.png",
+               "plan.csv", "plan.json")
+MANIFEST, LOCK = SWEEP_MANIFEST, ".sweep.lock"
+#: what replacing a sweep's folder (``--force``) removes: any kind of sweep's files, so that none describes runs
+#: gone, and a single run's (prism-sim --out), whose summary.json would read as one of the sweep's results
+SWEEP_FOLDER_FILES = (*SWEEP_FILES, *ABLATION_FILES, *THEORY_FILES, *FLEET_FILES, MANIFEST, *RUN_FILES)
+SWEEP_FOLDER_PLOTS = ("ttft_cdf_qps*.png", "ablation_qps*.png")
+
+
+def clear_sweep_folder(out: Path) -> None:
+    """Empty a folder of what any sweep or run wrote there (files, per-rate plots, runs), for a sweep that
+    replaces it; other files stay."""
+    for name in SWEEP_FOLDER_FILES:
+        (out / name).unlink(missing_ok=True)
+    for pattern in SWEEP_FOLDER_PLOTS:
+        for p in out.glob(pattern):
+            p.unlink()
+    runs = out / "runs"
+    if runs.is_dir() and not runs.is_symlink():
+        shutil.rmtree(runs, ignore_errors=True)
+    else:
+        runs.unlink(missing_ok=True)  # a file (or a link) where the runs' folder goes
 
 
 def _canonical(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def check_no_single_run(out: Path) -> None:
+    """A sweep goes in a folder of its own, not one holding a single run (refused unless ``--force``)."""
+    here = [name for name in RUN_FILES if (out / name).exists()]
+    if here:
+        raise UserError(f"holds a single run ({here[0]}); use another --out, or --force to replace it",
+                        f"--out {out}")
 
 
 @contextlib.contextmanager
@@ -353,6 +387,8 @@ class Sweep:
         if self._locked:
             yield
             return
+        if not self.force:  # before the lock file: a refused sweep leaves the run's folder as it was
+            check_no_single_run(self.out)
         with folder_lock(self.out, self.files):
             self._locked = True
             try:
@@ -364,8 +400,13 @@ class Sweep:
         """What a later sweep into the folder must share with this one to merge with it (``sweep.json``)."""
         return {"trace": self.trace, "config": _canonical(self.config), "belady": self.belady}
 
-    def _merge_earlier(self) -> list[RunTask]:
-        """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""
+    def check(self) -> None:
+        """Refuse (one line) a folder of another sweep's settings before anything in it changes: what a caller
+        that clears the folder's other files asks first (a single run's folder was refused by :meth:`lock`)."""
+        self._earlier()
+
+    def _earlier(self) -> list[RunTask]:
+        """The runs of a compatible earlier sweep in the folder (refused otherwise, unless ``force``)."""
         where = f"--out {self.out}"
         mine = self.identity()
         manifest = self.out / MANIFEST
@@ -383,21 +424,15 @@ class Sweep:
         elif any((self.out / n).exists() for n in ("summary.csv", "runs")) and not self.force:
             raise UserError("holds a sweep without sweep.json (an older prism's); use another --out, or --force "
                             "to replace it", where)
+        return earlier
+
+    def _merge_earlier(self) -> list[RunTask]:
+        """This sweep's runs after those of a compatible earlier sweep in the folder (refused otherwise)."""
+        earlier = self._earlier()
         if self.force and not earlier:
-            self._remove_earlier()
+            clear_sweep_folder(self.out)
         keys = {t.key for t in earlier}
         return earlier + [t for t in self.tasks() if t.key not in keys]
-
-    def _remove_earlier(self) -> None:
-        for name in (*self.files, MANIFEST):
-            (self.out / name).unlink(missing_ok=True)
-        for p in self.out.glob("ttft_cdf_qps*.png"):
-            p.unlink()
-        runs = self.out / "runs"
-        if runs.is_dir() and not runs.is_symlink():
-            shutil.rmtree(runs, ignore_errors=True)
-        else:
-            runs.unlink(missing_ok=True)  # a file (or a link) where the runs' folder goes
 
     def run(self, on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         with self.lock():

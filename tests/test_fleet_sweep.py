@@ -123,3 +123,32 @@ def test_a_plan_is_the_brute_force_answer(swept):
     assert any(p["fewest_gpus"] not in (None, 1) for p in plan.values()), plan  # the search went past one size
     rows = _csv(out / "plan.csv")
     assert [r["sharing"] for r in rows] == list(SCHEMES)
+
+
+def test_a_plans_files_do_not_depend_on_its_worker_count(swept):
+    """Three workers run three sizes at once; those past the answer are dropped, so the folder is byte for byte
+    the one a worker alone leaves (but each run's wall time)."""
+    tmp, trace, _ = swept
+    folders = []
+    for workers in (1, 3):
+        out = tmp / f"plan-w{workers}"
+        assert sim_main(["plan", "--trace", str(trace), "--sharing", "static", "--attainment", "0.9", "--max-gpus",
+                         "3", "--workers", str(workers), "--out", str(out), "--no-progress"]) == 0
+        folders.append(out)
+
+    def files(out: Path) -> dict[str, bytes]:
+        got = {}
+        for p in sorted(out.rglob("*")):
+            if p.is_file() and p.name != ".sweep.lock":
+                data = p.read_bytes()
+                if p.name == "summary.json":
+                    data = json.dumps({k: v for k, v in json.loads(data).items() if k != "wall_s"}).encode()
+                elif p.name == "fleet.csv":
+                    rows = _csv(p)
+                    data = json.dumps([{k: v for k, v in r.items() if k != "wall_s"} for r in rows]).encode()
+                got[str(p.relative_to(out))] = data
+        return got
+    one, two = map(files, folders)
+    assert sorted(one) == sorted(two)
+    assert [k for k in one if one[k] != two[k]] == []
+    assert json.loads(one["plan.json"])[0]["fewest_gpus"] < 3  # a size past the answer was run and dropped

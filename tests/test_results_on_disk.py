@@ -411,6 +411,76 @@ def test_sweep_of_other_settings_is_refused_unless_forced(tmp_path, capsys):
     assert not (out / "runs" / "fcfs").exists() and not (out / "ttft_cdf_qps20.png").exists()
 
 
+def test_a_refused_theory_keeps_the_folders_theory(tmp_path, capsys):
+    """prism-theory of other settings into a folder is refused before the folder's theory.* files go."""
+    from prism.cli.theory import main as theory_main
+
+    out = tmp_path / "th"
+    argv = ["--trace", "zipf", "--set", "trace.num_requests=30", "--workers", "1", "--out", str(out)]
+    assert theory_main([*argv, "--qps", "10,20"]) == 0
+    before = {n: (out / n).read_bytes() for n in ("theory.csv", "theory.json", "theory.png")}
+    assert theory_main([*argv, "--qps", "10", "--set", "engine.max_running_requests=8"]) == 2
+    assert "config differ" in capsys.readouterr().err
+    assert {n: (out / n).read_bytes() for n in before} == before
+
+
+def test_a_forced_sweep_leaves_no_file_of_another_kind(tmp_path, capsys):
+    """--force replaces whatever sweep the folder held: an ablation's or a theory's tables and plots go too
+    (they would describe runs that are gone)."""
+    from prism.cli.theory import main as theory_main
+
+    out = tmp_path / "sw"
+    assert sim_main(["sweep", "--trace", "zipf", "--methods", "klpm", "--qps", "20", *SMALL, "--workers", "1",
+                     "--no-progress", "--out", str(out), "--ablate"]) == 0
+    assert (out / "ablation.csv").exists() and list(out.glob("ablation_qps*.png"))
+    assert sim_main(_sweep(out, "klpm", "20", "--force")) == 0
+    assert not (out / "ablation.csv").exists() and not (out / "ablation.json").exists()
+    assert not list(out.glob("ablation_qps*.png"))
+    th = tmp_path / "th"
+    assert theory_main(["--trace", "zipf", *SMALL, "--set", "engine.max_running_requests=8", "--qps", "10",
+                        "--workers", "1", "--out", str(th)]) == 0
+    assert sim_main(_sweep(th, "fcfs", "20", "--force")) == 0
+    assert not any((th / n).exists() for n in ("theory.csv", "theory.json", "theory.png"))
+    capsys.readouterr()
+
+
+def test_a_single_run_and_a_sweep_never_share_a_folder(tmp_path, capsys):
+    """A sweep into a run's folder is refused (its summary.json would read as a result of the sweep), unless
+    --force, which removes the run; a run into a sweep's folder is refused."""
+    out = tmp_path / "both"
+    run = ["--trace", "zipf", *SMALL, "--no-progress", "--out", str(out)]
+    assert sim_main(run) == 0
+    assert sim_main(_sweep(out)) == 2
+    assert "holds a single run (summary.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+    assert sim_main(_sweep(out, "fcfs", "20", "--force")) == 0
+    assert not (out / "requests.csv").exists() and (out / "summary.csv").exists()
+    capsys.readouterr()
+    assert sim_main(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds a sweep (sweep.json)" in err, err
+    assert not (out / "summary.json").exists()
+
+
+def test_sigint_while_a_fleet_draws_its_memory_plot_keeps_the_plot(tmp_path, capsys, monkeypatch):
+    """The memory plot is written with the summary, interruptions held: a folder whose summary says complete
+    holds every file the run writes."""
+    from prism.sim import fleet_plots
+
+    draw = fleet_plots.plot_memory
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return draw(*args, **kwargs)
+    monkeypatch.setattr(fleet_plots, "plot_memory", interrupted)
+    out = tmp_path / "fleet"
+    assert sim_main(["--trace", "multimodel", "--set", "trace.num_requests=60", "--sharing", "dedicated",
+                     "--no-progress", "--out", str(out)]) == 128 + signal.SIGINT
+    assert "interrupted after the run finished" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["complete"] is True
+    assert (out / "memory.png").stat().st_size > 0
+
+
 def test_second_concurrent_sweep_is_refused(tmp_path, capsys):
     out = tmp_path / "sw"
     out.mkdir()

@@ -51,9 +51,27 @@ def os_error_text(e: OSError) -> str:
     return f"{e.filename}: {what}" if e.filename is not None else what
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every flag's help says its default (appended where the text does not
+    already say it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and not action.required and "default" not in text
+                and default is not None and default is not False and default != argparse.SUPPRESS):
+            text += f" (default {str(default).replace('%', '%%')})"  # argparse formats help with %
+        return text
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser under the error contract: a bad flag is one line and exit status 2 (argparse prints its
-    whole usage first); the line points to ``--help``. Subcommands' parsers are of this class too."""
+    whole usage first); the line points to ``--help``. Subcommands' parsers are of this class too. Help comes
+    in :class:`HelpFormatter`'s form."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")

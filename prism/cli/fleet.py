@@ -29,10 +29,11 @@ def add_fleet_sweep_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
     add_set_flag(p)
-    p.add_argument("--profile", help="GPU:MODEL: its GPU is the fleet's (or --set fleet.gpu=NAME)")
+    p.add_argument("--profile", help="GPU:MODEL: its GPU is the fleet's (or --set fleet.gpu=NAME; default "
+                                     "a800-80g-pcie:qwen3-4b-instruct-2507)")
     p.add_argument("--slo-scale", type=float, help="SLO = a model's dedicated-GPU P95 x this (default 5)")
     add_workers_flag(p)
-    p.add_argument("--out", help="output folder")
+    p.add_argument("--out", help="output folder (default runs/fleet-<trace>, for a plan runs/plan-<trace>)")
     p.add_argument("--force", action="store_true", help="replace an earlier sweep of other settings in --out")
     add_no_progress_flag(p)
 
@@ -91,8 +92,7 @@ settings is refused unless --force.
 
 def sweep_parser() -> argparse.ArgumentParser:
     p = Parser(prog="prism-sim sweep", description="A fleet sweep: sharing schemes x GPUs x rate "
-               "scales x seeds on a multi-model trace.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWEEP_EPILOG)
+               "scales x seeds on a multi-model trace.", epilog=SWEEP_EPILOG)
     add_fleet_sweep_flags(p)
     p.add_argument("--gpus", help="comma-separated fleet sizes (default 2)")
     p.add_argument("--rate-scale", help="comma-separated multipliers of the trace's rate (default 1)")
@@ -144,16 +144,16 @@ examples:
   prism-sim plan --trace traces/multimodel.yaml --sharing static,muxserve,timeshare,prism --rate-scale 2 --seeds 2
 
 For each scheme, the fleet runs at the fewest GPUs that hold its models, then one more at a time (as many
-sizes at once as there are workers) until the mean SLO attainment over the seeds meets --attainment or
---max-gpus is passed; each size is a full simulation. Writes DIR/plan.csv and plan.json (the cost table), the
-runs it took (DIR/runs/..., DIR/fleet.csv: a rerun reuses them) and attainment_vs_gpus.png.
+sizes at once as there are workers; those past the answer are dropped, so the files do not depend on the
+worker count) until the mean SLO attainment over the seeds meets --attainment or --max-gpus is passed; each
+size is a full simulation. Writes DIR/plan.csv and plan.json (the cost table), the runs it took (DIR/runs/...,
+DIR/fleet.csv: a rerun reuses them) and attainment_vs_gpus.png.
 """
 
 
 def plan_parser() -> argparse.ArgumentParser:
     p = Parser(prog="prism-sim plan", description="The fewest GPUs per sharing scheme that meet "
-               "an SLO-attainment target on a multi-model trace.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               "an SLO-attainment target on a multi-model trace.", epilog=EPILOG)
     add_fleet_sweep_flags(p)
     p.add_argument("--attainment", type=float, default=0.99, help="the target: share of requests within both "
                                                                  "their TTFT and TPOT SLO (default 0.99)")

@@ -120,8 +120,7 @@ def apply_pace_profile(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="prism-live", description=__doc__.split(":", 1)[1].strip()
-               + "\nAgainst the simulator: prism-live validate (prism-live validate --help).",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               + "\nAgainst the simulator: prism-live validate (prism-live validate --help).", epilog=EPILOG)
     add_run_flags(p)
     add_live_flags(p)
     p.add_argument("--instances", type=int, help="SGLang servers behind the project's router (default 1)")

@@ -29,8 +29,7 @@ with this command (Ctrl-C, SIGTERM).
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="prism-live serve", description=__doc__.split(":", 1)[1].strip(),
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-live serve", description=__doc__.split(":", 1)[1].strip(), epilog=EPILOG)
     p.add_argument("--model", required=True, help="a local model folder (config.json, weights, tokenizer) or a "
                                                   "profile model name (dummy weights, no tokenizer)")
     p.add_argument("--config", help="YAML file with the method's settings (method, knobs, engine)")

@@ -48,8 +48,7 @@ summary.json (complete: false) beside the requests that finished, and exits with
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="prism-sim", description=__doc__.split(":", 1)[1].strip()
-               + "\nMany runs at once: prism-sim sweep (prism-sim sweep --help).",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               + "\nMany runs at once: prism-sim sweep (prism-sim sweep --help).", epilog=EPILOG)
     add_run_flags(p)
     p.add_argument("--instances", type=int, help="engine instances behind a router (default 1: one engine)")
     p.add_argument("--router", help=f"routing policy of a cluster: {', '.join(ROUTERS)} (default cache_aware)")
@@ -148,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             from prism.sim.fleet import memory_rows
 
             write_csv(out / "memory.csv", *memory_rows(result.memory))
+            if "fleet" in result.summary:  # the plot too: a summary that says complete comes with all its files
+                from prism.sim.fleet_plots import plot_memory
+
+                f = result.summary["fleet"]
+                plot_memory(result.memory, out / "memory.png", f"{f['sharing']}, {f['gpus']} GPUs")
         if events is not None:
             events.close(result.summary)
     if interrupted is not None or held.caught:
@@ -161,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cluster" in s:
         print(cluster_table(s["cluster"]))
     if "fleet" in s:
-        from prism.sim.fleet_plots import plot_memory
-
         print(fleet_table(s["fleet"]))
-        plot_memory(result.memory, out / "memory.png", f"{s['fleet']['sharing']}, {s['fleet']['gpus']} GPUs")
         print(f"wrote {out / 'memory.csv'} and {out / 'memory.png'} (each GPU's memory over time)")
     c = s["counters"]
     if "fleet" in s:

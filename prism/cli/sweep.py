@@ -57,8 +57,7 @@ MAX_SEEDS = 1000
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(),
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p = Parser(prog="prism-sim sweep", description=__doc__.split(":", 1)[1].strip(), epilog=EPILOG)
     add_trace_flag(p)
     p.add_argument("--methods", help="comma-separated methods (default: sglang,klpm,contextpilot,prism; with "
                                       "--ablate: prism,contextpilot,klpm)")
@@ -66,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     p.add_argument("--config", help="YAML file with simulation settings (as for prism-sim)")
     add_set_flag(p)
-    p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
+    p.add_argument("--profile", help="GPU:MODEL or a profile YAML (default the settings', else "
+                                     "a800-80g-pcie:qwen3-4b-instruct-2507)")
     p.add_argument("--instances", help="comma-separated cluster sizes, e.g. 1,4,8 (default: the settings' "
                                        "cluster.instances, else 1)")
     p.add_argument("--routers", help="comma-separated routers of the clusters (default: the settings' "

@@ -26,16 +26,14 @@ from prism.models_queueing.model import EngineQueue, wave_size
 from prism.metrics import write_json
 from prism.output import check_out_file, save_figure, write_csv
 from prism.settings import RunSpec, check_cluster_used, check_knobs_used, merge_flags, read_config, settings_from
-from prism.sim.sweep import Sweep, task_config
+from prism.sim.sweep import THEORY_FILES, Sweep, task_config
 from prism.traces.spec import is_materialized, resolve
 
 THRESHOLD = 0.20
-OUTPUTS = ("theory.json", "theory.csv", "theory.png")
 
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="prism-theory", description=__doc__.split(":", 1)[1].strip(),
-               formatter_class=argparse.RawDescriptionHelpFormatter,
                epilog="example:\n  prism-theory --trace traces/zipf.yaml --method prism "
                       "--qps 20,40,60,80 --out runs/theory")
     add_trace_flag(p)
@@ -43,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--qps", default="10,20,30,40", help="comma-separated arrival rates")
     p.add_argument("--config", help="YAML settings (as for prism-sim)")
     add_set_flag(p)
-    p.add_argument("--profile", help="GPU:MODEL or a profile YAML")
+    p.add_argument("--profile", help="GPU:MODEL or a profile YAML (default the settings', else "
+                                     "a800-80g-pcie:qwen3-4b-instruct-2507)")
     add_workers_flag(p)
     p.add_argument("--out", help="output folder (default runs/theory-<trace>-<method>)")
     p.add_argument("--force", action="store_true", help="replace earlier runs of other settings in --out")
@@ -136,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = Sweep(str(args.trace), [args.method], qps, [seed], base, out, belady=False, workers=args.workers,
                   force=args.force)
     with sweep.lock():  # checks --out before any simulation
-        for name in OUTPUTS:  # the comparison of the runs the folder held: gone until these runs' is written
+        sweep.check()  # a folder it may not write in is refused before its files go
+        for name in THEORY_FILES:  # the comparison of the runs the folder held: gone until these runs' is written
             check_out_file(out / name, "--out").unlink(missing_ok=True)
         sweep.run()
         summaries = [json.loads((t.folder / "summary.json").read_text()) for t in sweep.tasks()]

@@ -19,18 +19,20 @@ from prism.traces.trace import Trace, served_models
 
 
 def parser() -> argparse.ArgumentParser:
+    from prism.traces.spec import BUILTIN
+
     p = Parser(prog="prism-trace", description="Generate, inspect and sample PRISM traces.")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen", help="materialize a trace spec into a JSONL trace file")
-    g.add_argument("spec", help="trace spec YAML (or built-in name 'zipf')")
+    g.add_argument("spec", help=f"trace spec YAML or a built-in spec: {', '.join(BUILTIN)}")
     g.add_argument("-o", "--out", required=True, help="output JSONL file")
     add_set_flag(g, "a spec field", "qps=40, num_requests=200")
     s = sub.add_parser("stats", help="requests, segments, reuse, prompt lengths, infinite-cache hit rate")
-    s.add_argument("trace", help="trace spec YAML or JSONL file")
+    s.add_argument("trace", help=f"trace spec YAML, JSONL trace or a built-in spec: {', '.join(BUILTIN)}")
     s.add_argument("--json", action="store_true", help="print JSON")
     add_set_flag(s, "a spec field", "qps=40, num_requests=200")
     m = sub.add_parser("sample", help="print a few requests with their segment structure")
-    m.add_argument("trace", help="trace spec YAML or JSONL file")
+    m.add_argument("trace", help=f"trace spec YAML, JSONL trace or a built-in spec: {', '.join(BUILTIN)}")
     m.add_argument("-n", type=int, default=5, help="requests to print (default 5)")
     add_set_flag(m, "a spec field", "qps=40, num_requests=200")
     add_import_parsers(sub)

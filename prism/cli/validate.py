@@ -30,15 +30,15 @@ COLUMNS = ["method", "qps", "hit_sim", "hit_live", "hit_diff_pts", "p50_sim_s", 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1],
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="prism-live validate", description=__doc__.split("\n\n")[0].split(":", 1)[1].strip())
     add_trace_flag(p)
     p.add_argument("--methods", default="sglang,prism", help="comma-separated methods (default sglang,prism)")
     p.add_argument("--qps", default="15,25", help="comma-separated arrival rates (default 15,25)")
     p.add_argument("--config", help="YAML file with run settings")
     add_set_flag(p)
     p.add_argument("--seed", type=int, help="trace seed")
-    p.add_argument("--profile", help="GPU:MODEL or a profile YAML (the twin paces to it)")
+    p.add_argument("--profile", help="GPU:MODEL or a profile YAML (the twin paces to it; default "
+                                     "a800-80g-pcie:qwen3-4b-instruct-2507)")
     p.add_argument("--out", default="runs/validate", help="output folder (default runs/validate)")
     add_no_progress_flag(p)
     add_live_flags(p)
