@@ -211,6 +211,14 @@ def write_plugin(settings: Settings, opts: ServeOptions) -> Path:
     return path
 
 
+def prepared(settings: Settings, model: ServedModel, opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
+    """:func:`launch`'s arguments and environment, then the plugin's settings file they name: a refusal of the
+    arguments (a CPU server without its pool size) comes before anything is written."""
+    args, env = launch(settings, model, opts, opts.out / "plugin.json")
+    write_plugin(settings, opts)
+    return args, env
+
+
 def command_line(args: list[str], env: dict[str, str], python: str = "python") -> str:
     """The shell command an operator runs to start the same server themselves."""
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), python, "-m", "sglang.launch_server",
@@ -222,8 +230,7 @@ def serve(settings: Settings, model: ServedModel, opts: ServeOptions,
     """Start the server, check that the plugin runs in its scheduler, and keep it running until it exits
     (status 1, with its last error) or this process is interrupted (the server is stopped with it)."""
     check_serve(model, opts)
-    plugin = write_plugin(settings, opts)
-    args, env = launch(settings, model, opts, plugin)
+    args, env = prepared(settings, model, opts)
     for stale in ("events.jsonl", "counters.json"):
         (opts.out / stale).unlink(missing_ok=True)
     server = Server(args, env, opts.out / "server.log", opts.python)
@@ -244,4 +251,4 @@ def serve(settings: Settings, model: ServedModel, opts: ServeOptions,
         server.stop()
 
 
-__all__ = ["ServeOptions", "serve", "launch", "command_line", "check_serve", "write_plugin"]
+__all__ = ["ServeOptions", "serve", "launch", "prepared", "command_line", "check_serve", "write_plugin"]

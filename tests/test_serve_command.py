@@ -58,7 +58,8 @@ def test_a_bound_that_is_not_a_positive_number_is_one_line(tmp_path, capsys, bad
 def test_an_out_folder_it_cannot_write_is_one_line(tmp_path, capsys, where):
     (tmp_path / "f").write_text("x")
     out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
-    code = live_main(["serve", "--model", "tiny", "--device", "cpu", "--out", str(out), "--print-command"])
+    code = live_main(["serve", "--model", "tiny", "--device", "cpu", "--set", "engine.max_total_tokens=8192",
+                      "--out", str(out), "--print-command"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("prism-live: error: --out "), err
     assert (tmp_path / "f").read_text() == "x"
@@ -83,3 +84,12 @@ def test_what_would_print_a_wrong_command_is_one_line(tmp_path, capsys, argv, fr
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and fragment in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_cpu_server_without_its_pool_size_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "o"
+    code = live_main(["serve", "--model", "tiny", "--method", "prism", "--device", "cpu", "--out", str(out),
+                      "--print-command"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "a CPU server needs its KV pool size" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

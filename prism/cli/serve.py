@@ -75,8 +75,8 @@ def main(argv: list[str]) -> int:
     settings = settings_of(args)
     from prism.live.instance import device_of
     from prism.live.model import resolve_model
-    from prism.live.serve import (ServeOptions, check_host, check_own_args, check_serve, command_line, launch, serve,
-                                  take_shared, write_plugin)
+    from prism.live.serve import (ServeOptions, check_host, check_own_args, check_serve, command_line, prepared, serve,
+                                  take_shared)
 
     model = resolve_model(args.model)
     opts = ServeOptions(host=args.host, port=args.port, device=device_of(args.device), out=Path(args.out),
@@ -85,8 +85,7 @@ def main(argv: list[str]) -> int:
     take_shared(opts, given)
     check_own_args(opts)
     if args.print_command:
-        plugin = write_plugin(settings, opts)
-        print(command_line(*launch(settings, model, opts, plugin)))
+        print(command_line(*prepared(settings, model, opts)))
         return 0
     check_serve(model, opts)
 
