@@ -251,4 +251,5 @@ def serve(settings: Settings, model: ServedModel, opts: ServeOptions,
         server.stop()
 
 
-__all__ = ["ServeOptions", "serve", "launch", "prepared", "command_line", "check_serve", "write_plugin"]
+__all__ = ["ServeOptions", "serve", "launch", "prepared", "command_line", "check_host", "check_own_args", "check_serve",
+           "write_plugin"]

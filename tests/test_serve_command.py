@@ -93,3 +93,19 @@ def test_a_cpu_server_without_its_pool_size_is_refused_before_anything_is_writte
     err = capsys.readouterr().err.strip()
     assert code == 2 and "a CPU server needs its KV pool size" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_port_in_use_is_refused_before_anything_starts_or_is_written(tmp_path, capsys):
+    """serve checks its port (and the tokenizer) itself before it writes the plugin's settings or starts SGLang."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = tmp_path / "o"
+        code = live_main(["serve", "--model", "tiny", "--device", "cpu", "--set", "engine.max_total_tokens=8192",
+                          "--port", str(port), "--out", str(out), "--", "--skip-tokenizer-init"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"port {port} on 127.0.0.1 is in use" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

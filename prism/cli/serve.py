@@ -75,8 +75,7 @@ def main(argv: list[str]) -> int:
     settings = settings_of(args)
     from prism.live.instance import device_of
     from prism.live.model import resolve_model
-    from prism.live.serve import (ServeOptions, check_host, check_own_args, check_serve, command_line, prepared, serve,
-                                  take_shared)
+    from prism.live.serve import ServeOptions, check_host, check_own_args, command_line, prepared, serve, take_shared
 
     model = resolve_model(args.model)
     opts = ServeOptions(host=args.host, port=args.port, device=device_of(args.device), out=Path(args.out),
@@ -87,7 +86,6 @@ def main(argv: list[str]) -> int:
     if args.print_command:
         print(command_line(*prepared(settings, model, opts)))
         return 0
-    check_serve(model, opts)
 
     def ready(url: str, instance) -> None:
         print(f"prism-live serve: {settings.label} at {url} (OpenAI chat: {url}/v1/chat/completions; plugin "
