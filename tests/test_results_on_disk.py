@@ -116,6 +116,16 @@ def test_sigkill_mid_run_leaves_no_stale_summary(tmp_path, capsys):
 STOPPING = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # Ctrl-C, kill, a closed terminal: all alike
 
 
+def test_sigint_names_the_partial_timeline_it_keeps(tmp_path):
+    """A --timeline run stopped mid-way keeps its timeline (of what it simulated) and its one line says where."""
+    out = tmp_path / "run"
+    code, err, _ = _signalled(tmp_path, _sim(out, "--timeline"), signal.SIGINT, AFTER=12)
+    assert code == 128 + signal.SIGINT, err
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and f"the timeline in {out / 'timeline.json'}" in err, err
+    assert json.loads((out / "timeline.json").read_text())["otherData"]["complete"] is False
+
+
 @pytest.mark.parametrize("sig", STOPPING)
 def test_sigint_writes_partial_summary(tmp_path, sig):
     """Ctrl-C, SIGTERM or SIGHUP keeps the finished requests and writes the partial summary; the exit status is

@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             events.close(result.summary)
     if interrupted is not None or held.caught:
         complete = result.summary["complete"]
+        also = f", the timeline in {timeline}" if timeline is not None else ""
         print(f"prism-sim: {'interrupted after the run finished' if complete else interrupted}; results in "
-              f"{out / 'requests.csv'} and {out / 'summary.json'} (complete: {str(complete).lower()})",
+              f"{out / 'requests.csv'} and {out / 'summary.json'}{also} (complete: {str(complete).lower()})",
               file=sys.stderr)
         return exit_status()
     s = result.summary
