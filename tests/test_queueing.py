@@ -54,6 +54,8 @@ pos = st.floats(0.1, 1e4, allow_nan=False)
 def test_theorem1_on_random_points(h0, h1, m, length, r, ov):
     mu0, mu1, holds = theorem1(h0, h1, m, length, r, ov)
     assert holds
+    # the theorem's statement itself, not the function's verdict: the service rate orders as the hit rate does
+    assert (mu1 >= mu0) == (h1 >= h0) and (mu1 == mu0) == (h1 == h0)
     if ov == 0:
         assert mu1 / mu0 == pytest.approx(rate_ratio(h0, h1), rel=1e-12)
 
@@ -62,6 +64,8 @@ def test_theorem1_equality_case_is_exact():
     for h in (0.0, 0.3, 0.9):
         mu0, mu1, holds = theorem1(h, h, 32, 768, 21000, 0.5)
         assert mu0 == mu1 and holds
+        lower = theorem1(h, h + 0.05, 32, 768, 21000, 0.5)  # a higher hit rate: a strictly higher service rate
+        assert lower[1] > lower[0] and lower[2]
     grid = theorem1_grid([0, 0.25, 0.5, 0.75], [1, 16, 64], [128, 768], [1e3, 2e4], [0.0, 0.2])
     assert grid["holds"] == grid["cases"] == 4 * 4 * 3 * 2 * 2 * 2
     assert grid["ratio_matches"] == grid["cases"] // 2
