@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from prism.config import comma_list
+from prism.config import comma_list, is_host
 from prism.errors import UserError
 from prism.output import write_csv
 
@@ -108,14 +108,12 @@ def check_url(url: str, flag: str = "--url") -> str:
     """``http(s)://HOST[:PORT]`` without a trailing slash; a :class:`UserError` naming the flag otherwise."""
     url = url.strip().rstrip("/")
     scheme = host = port = None
-    try:  # a malformed host ("[::1", "[zz]", a label past 63 characters) or port raises here, not at the request
+    try:  # a malformed bracketed host ("[::1", "[zz]") or port raises here, not at the request
         parts = urllib.parse.urlsplit(url)
         scheme, port, host = parts.scheme, parts.port, parts.hostname
-        if host:
-            host.encode("idna")
-    except (ValueError, UnicodeError):
-        host = None
-    if (scheme not in ("http", "https") or not host or port == 0
+    except ValueError:
+        pass
+    if (scheme not in ("http", "https") or not is_host(host or "") or port == 0
             or any(c.isspace() or not c.isprintable() for c in url)):
         raise UserError(f"{flag}: expected http://HOST:PORT (port 1..65535), got {url!r}")
     return url

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from prism.config import is_host
 from prism.errors import UserError
 from prism.output import prepare_out_dir
 from prism.settings import Settings
@@ -89,12 +90,8 @@ def take_shared(opts: "ServeOptions", given: dict[str, str | None]) -> None:
 
 
 def check_host(host: str, flag: str = "--host") -> str:
-    """A host name or an IP address (letters, digits, ``.-_:``; IDNA-encodable), not an empty or a shell word."""
-    try:
-        ok = bool(host) and all(c.isalnum() or c in ".-_:" for c in host) and bool(host.encode("idna"))
-    except UnicodeError:
-        ok = False
-    if not ok:
+    """A host the server can listen on (:func:`~prism.config.is_host`), not an empty or a shell word."""
+    if not is_host(host):
         raise UserError(f"expected a host name or an IP address, got {host!r}", flag)
     return host
 

@@ -172,6 +172,15 @@ def read_text(path: str | Path, what: str = "file") -> str:
     return text
 
 
+def is_host(text: str) -> bool:
+    """A host name or an IP address a server can listen on or be reached at: letters, digits and ``.-_:``
+    (an IPv6 address without its brackets), IDNA-encodable (no label past 63 characters)."""
+    try:
+        return bool(text) and all(c.isalnum() or c in ".-_:" for c in text) and bool(text.encode("idna"))
+    except UnicodeError:
+        return False
+
+
 def check_csv_header(columns: Sequence[str] | None, where: str, required: Sequence[str]) -> None:
     """A CSV header (``csv.DictReader.fieldnames``) names every ``required`` column, each once (a column named
     twice would hide one of its two values: ``DictReader`` keeps the last); ``where``: the file's first line."""

@@ -470,6 +470,7 @@ CASES = [
     ("measure-url-bracket-open", "calibrate", {}, ["measure", "--url", "http://[::1"], "--url"),
     ("measure-url-bracket-not-ip", "calibrate", {}, ["measure", "--url", "http://[zz]:1"], "--url"),
     ("measure-url-space", "calibrate", {}, ["measure", "--url", "http://exa mple.com:80"], "--url"),
+    ("measure-url-host-word", "calibrate", {}, ["measure", "--url", "http://bad!host:80"], "--url"),
     ("measure-url-label-300", "calibrate", {}, ["measure", "--url", f"http://{'a' * 300}:80"], "--url"),
     ("measure-timeout-nan", "calibrate", {}, ["measure", "--url", "http://h:1", "--timeout", "nan"], "--timeout"),
     ("measure-timeout-zero", "calibrate", {}, ["measure", "--url", "http://h:1", "--timeout", "0"], "--timeout"),
