@@ -94,11 +94,18 @@ def hand_over(upper, lower, number: int) -> None:
 class ResidentSegments(dict):
     """Segment id -> resident nodes it owns, over the ``sys`` and reusable segments (what DART ranks; private
     nodes are not counted). A cache calls :meth:`add` for every node it makes and :meth:`remove` for every node
-    it drops; a segment with no resident node has no entry."""
+    it drops; a segment with no resident node has no entry. ``joined`` counts the times a segment became
+    resident (its first node), so that a policy ranking the resident segments knows when to rank again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joined = 0
 
     def add(self, kind: str, seg_id: str) -> None:
         if kind != PRIV:
-            self[seg_id] = self.get(seg_id, 0) + 1
+            nodes = self.get(seg_id, 0)
+            self.joined += not nodes
+            self[seg_id] = nodes + 1
 
     def remove(self, kind: str, seg_id: str) -> None:
         if kind != PRIV:

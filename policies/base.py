@@ -25,6 +25,8 @@ from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runti
 
 from prism.core import PRIV, REUSE, SYS, Segment
 
+from prism.policies.anchors import ResidentSegments
+
 
 @dataclass(frozen=True)
 class Part:
@@ -136,7 +138,7 @@ class NodeView(Protocol):
 class ResidentIndex(Protocol):
     """What an eviction policy may ask of the whole cache: resident nodes per segment id."""
 
-    resident: dict[str, int]  # sys / reusable segment id -> resident nodes owned by it
+    resident: ResidentSegments  # sys / reusable segment id -> resident nodes owned by it
 
 
 @dataclass

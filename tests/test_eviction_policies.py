@@ -104,6 +104,34 @@ def test_protection_ties_go_to_the_segment_resident_longest_whatever_its_name():
         assert dart.protected == {"sys", first}
 
 
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.integers(0, 6), min_size=1, max_size=3)),
+    st.tuples(st.just("publish"), st.dictionaries(st.sampled_from(["sys"] + [f"p{i}" for i in range(7)]),
+                                                  st.sampled_from([1.0, 2.0, 5.0, 9.0]), max_size=5)),
+    st.tuples(st.just("evict"), st.integers(1, 12))), min_size=1, max_size=25), f=st.integers(1, 4))
+def test_the_protection_set_is_always_the_top_f_resident_now(steps, f):
+    """DART keeps F between passes; whatever came since (a publication, a segment made resident by a prefill
+    with no publication after it, evictions), F is what a fresh ranking of the cache gives (DESIGN §3)."""
+    cache = RadixCache(None, 1, anchors=True)
+    hints = DemandHints()
+    hints.publish({"sys": 1.0})
+    kept = DART(DARTConfig(f=f), hints)
+    for t, (op, arg) in enumerate(steps):
+        if op == "insert":
+            insert(cache, [(SYS, "sys", [1])] + [(REUSE, f"p{p}", [10 + p] * 2) for p in dict.fromkeys(arg)]
+                   + [(PRIV, f"q{t}", [100 + t])], float(t))
+        elif op == "publish":
+            hints.publish(arg or {"sys": 1.0})
+        else:
+            kept.prepare(cache)
+            cache.evict(arg, kept.key)
+        kept.prepare(cache)
+        fresh = DART(DARTConfig(f=f), hints)
+        fresh.prepare(cache)
+        assert kept.protected == fresh.protected, (op, arg)
+
+
 seq_lists = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(1, 3)),
                      min_size=3, max_size=30)
 
