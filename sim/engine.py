@@ -123,6 +123,8 @@ class Engine:
         self.capacity = capacity
         self.cache = RadixCache(capacity, config.page_size, anchors=eviction.needs_anchors)
         self.on_finish, self.on_admit = on_finish, on_admit
+        # told of the tokens each iteration samples, and when (a fleet's token rate)
+        self.on_tokens: Callable[[float, int], None] | None = None
         self.events = events
         self.host = host  # the shared GPU it runs on, where it has one (module docstring)
         self.shared_pool = False  # its KV pages come from a pool other models map from too (module docstring)
@@ -184,7 +186,9 @@ class Engine:
                     ev.prefill_started(self, batch)
                 yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
                 self.counters[PREFILL_ITERATIONS] += 1
-                self._end_prefill(batch)
+                sampled = self._end_prefill(batch)
+                if sampled and self.on_tokens is not None:
+                    self.on_tokens(env.now, sampled)
                 if ev is not None:
                     ev.prefill_ended(self, batch)
                 if host is not None:
@@ -211,6 +215,8 @@ class Engine:
                 self.counters[DECODE_ITERATIONS] += 1
                 self.step += 1
                 self.sum_ctx += n
+                if self.on_tokens is not None:
+                    self.on_tokens(env.now, n)
                 if ev is not None:
                     ev.decode_ended(self, n)
                 while self.decoding and self.decoding[0][0] <= self.step:
@@ -367,8 +373,11 @@ class Engine:
         self.long_decodes -= seq.output_len > self.cfg.clip_max_new_tokens
         return seq
 
-    def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> None:
+    def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> int:
+        """The batch's chunks are in the tree; a request whose prompt is done samples its token. Returns how many
+        did."""
         now = self.env.now
+        sampled = 0
         for seq, take, _ in batch:
             tail = seq.kv_len - seq.node.depth  # computed before this chunk, not in the tree
             seq.kv_len += take
@@ -383,12 +392,14 @@ class Engine:
                 seq.prefill_end = now
                 seq.first_token = now + self.cost.first_token_s
             generated = seq.retracted_output + 1  # a prefill samples one token
+            sampled += 1
             if generated == seq.output_len:
                 self._finish(seq)
             else:
                 seq.finish_step = self.step + seq.output_len - generated
                 self.sum_ctx += seq.prompt_len + generated
                 self._push_decoding(seq)
+        return sampled
 
     # ------------------------------------------------------------------ finish
     def _finish(self, seq: Seq) -> None:

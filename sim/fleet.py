@@ -464,7 +464,6 @@ class Fleet:
         m = copy.model
         m.running -= 1
         m.last_active = self.env.now
-        m.rate.add(self.env.now, seq.output_len)
         record = RequestRecord(seq.id, seq.req.arrival, seq.sent, seq.prefill_start, seq.prefill_end, seq.first_token,
                                seq.finish, seq.prompt_len, seq.hit, seq.output_len, seq.lane, seq.realigned, None,
                                m.name if self.multi else None, copy.gpu_label if self.multi else None)
@@ -580,6 +579,7 @@ class Fleet:
                         host=host, on_admit=copy.admitted, scheduler=scheduler, capacity=m.pool_tokens,
                         name=f"{m.name} on GPU {copy.gpu_label}")
         copy.instance, copy.engine = inst, inst.engine
+        inst.engine.on_tokens = m.rate.add  # the tokens its iterations sample: decode tokens, whose KV comes next
         if m.elastic:
             inst.engine.capacity = inst.engine.cache.capacity = 0  # refreshed from its pools before each iteration
             inst.engine.shared_pool = True

@@ -192,6 +192,58 @@ def fleets(draw):
                      utilization=utilization, compute=compute)
 
 
+class RateAudit(EngineEvents):
+    """Keeps its own log of what each model adds to its KV, from the engines' events: a request's uncached prompt
+    tokens when admitted, a token for each request a prefill completes and for each one a decode step runs; at
+    every iteration, each model's token rate is that log's tokens in the last window (DESIGN §9)."""
+
+    def __init__(self) -> None:
+        self.fleet = None
+        self.log: dict[str, list[tuple[float, int]]] = {}
+        self.checks = 0
+
+    def attached_fleet(self, fleet) -> None:
+        self.fleet = fleet
+
+    def _model(self, eng):
+        return next(m for m in self.fleet.models.values() for c in m.copies if c.engine is eng)
+
+    def _add(self, eng, tokens: int) -> None:
+        self.log.setdefault(self._model(eng).name, []).append((self.fleet.now, tokens))
+
+    def admitted(self, eng, seq, hit) -> None:
+        self._add(eng, seq.fill_len - hit)
+
+    def prefill_ended(self, eng, batch) -> None:
+        self._add(eng, sum(1 for seq, _, _ in batch if seq.kv_len >= seq.fill_len))
+
+    def decode_ended(self, eng, n) -> None:
+        self._add(eng, n)
+
+    def _check(self, eng) -> None:
+        now, window = self.fleet.now, self.fleet.spec.fleet.rate_window_s
+        for m in self.fleet.models.values():
+            tokens = sum(n for t, n in self.log.get(m.name, ()) if t > now - window)
+            assert m.token_rate == pytest.approx(tokens / window, rel=1e-9, abs=1e-12), m.name
+        self.checks += 1
+
+    def prefill_started(self, eng, batch) -> None:
+        self._check(eng)
+
+    def decode_started(self, eng, n) -> None:
+        self._check(eng)
+
+
+def test_a_models_token_rate_counts_its_decode_tokens_as_they_are_made():
+    """Long outputs: the decode tokens of a running request count from the step that makes them, not from its
+    finish (which once added them all at once, and nothing while it ran)."""
+    specs = [(0.5 * i, m, 400, 1500) for i in range(6) for m in ("a", "b")]
+    trace = multi_trace(specs, [("a", "llama-3.2-1b"), ("b", "qwen2.5-0.5b")])
+    audit = RateAudit()
+    res = simulate(fleet_run(trace, "prism", 1, rate_window_s=5.0), events=audit)
+    assert len(res.records) == 12 and audit.checks > 1000
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=fleets())
 def test_fleet_invariants(spec):
