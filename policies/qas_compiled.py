@@ -5,7 +5,9 @@ A plain-Python round is 49-69x slower (4.7 ms at 128 waiting requests, against S
 LPM), which is why this exists; ``tests/test_qas.py`` holds it equal to :class:`~prism.policies.qas.QAS`,
 round after round, on random queues. Change the definition there first.
 
-Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), in one compiled call
+Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), plus a few array passes
+over every segment QAS has numbered (about 4 ns a segment: DESIGN §3 asks O(S); a server whose requests bring new
+segments pays this as its history grows, ``docs/live.md``, *A server that runs for days*), in one compiled call
 (``policies.qas_round.plan_round``) of three passes over the queue: counters and priorities; signatures;
 buckets, scores and lanes; the starvation bound and the front alignment of the order's head (the
 ``batch_hint`` requests the engine is about to take) end the same call. Buckets and the FIFO order come from

@@ -5,7 +5,8 @@ prefers: see *Start* below.
 Model. The kernels read QAS's request table as a :class:`Prompts`: one row per registered request, column 0
 its system segment, then its reusable segments in prompt order, -1 padded; segments are numbered in
 first-seen order, which is also the tie-break between equal priorities. A round (:func:`plan_round`) is
-three passes over the queued rows, O(S) in queued segment occurrences S:
+three passes over the queued rows, O(S) in queued segment occurrences S (and a few array passes over every
+segment numbered: ``base``, the markers, a dispatch's publication; see ``qas_compiled``'s *Cost*):
 
 1. counters and priorities: g(r) counted over the queue; ``base`` = w_a·a + w_g·g, the part of P that no
    batch changes, which is P(r; ∅), by which a round ranks segments (:func:`priority` adds a batch's term);
@@ -31,7 +32,7 @@ such a scan compiles to tight code where an insertion sort per request branches 
 all-pairs work. Kernels take whole arrays and loop over rows inside: a compiled call per row would pay for
 passing its arrays each time.
 
-Cost. Compiled, a round's time is its O(S) work. Loops, not numpy array operations: at the queue sizes an
+Cost. Compiled, a round's time is its O(S) work while the segments numbered are few against it. Loops, not numpy array operations: at the queue sizes an
 engine sees (hundreds of requests) an array operation's fixed cost exceeds its work, and a round needs
 dozens of them. A round also pays a few microseconds to call its kernel and box its result.
 
