@@ -33,7 +33,7 @@ from prism.errors import UserError
 from prism.metrics import (SERVER_FILES, RecordStream, RequestRecord, instance_summary, prepare_run_folder,
                            run_summary, write_json, write_requests_csv)
 from prism.output import InterruptsHeld, prepare_run_dir
-from prism.policies.registry import make_router
+from prism.policies.registry import EVICTIONS, make_router, policy_class
 from prism.settings import RunSpec
 
 from prism.live.client import ClientRecord, ReplayError, replay
@@ -67,8 +67,8 @@ def check_method(spec: RunSpec, opts: LiveOptions | None = None) -> None:
     """Refuse what a live run cannot do, before any server starts."""
     if opts is not None and opts.url:
         check_attachable(spec.engine)
-    if spec.eviction == "belady":
-        raise UserError("eviction 'belady' is an offline reference that knows the future: simulator only")
+    if policy_class(EVICTIONS, spec.eviction).offline:
+        raise UserError(f"eviction {spec.eviction!r} is an offline reference that knows the future: simulator only")
     if opts is not None:
         check_cluster(spec, opts)
 

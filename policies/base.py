@@ -280,10 +280,12 @@ class EvictionPolicy(Policy):
     """Gives each evictable node a sort key; the smallest key is evicted first.
 
     ``needs_anchors``: the cache must split nodes at segment boundaries so that each node belongs to one
-    segment (demand-aware policies need that; plain LRU, like SGLang's, does not).
+    segment (demand-aware policies need that; plain LRU, like SGLang's, does not). ``offline``: it reads the
+    trace's future (a reference, not a policy a server can run).
     """
 
     needs_anchors = False
+    offline = False
 
     def __init__(self, hints: DemandHints | None = None) -> None:
         self.hints = hints or DemandHints()

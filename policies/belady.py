@@ -23,6 +23,7 @@ from prism.policies.base import EvictionPolicy, NodeView, WaitingRequest
 class Belady(EvictionPolicy):
     name = "belady"
     needs_anchors = True
+    offline = True
 
     @classmethod
     def build(cls, knobs, hints, requests) -> "Belady":
