@@ -94,18 +94,27 @@ def hand_over(upper, lower, number: int) -> None:
 class ResidentSegments(dict):
     """Segment id -> resident nodes it owns, over the ``sys`` and reusable segments (what DART ranks; private
     nodes are not counted). A cache calls :meth:`add` for every node it makes and :meth:`remove` for every node
-    it drops; a segment with no resident node has no entry. ``joined`` counts the times a segment became
-    resident (its first node), so that a policy ranking the resident segments knows when to rank again."""
+    it drops; a segment with no resident node has no entry. ``joined``: the segments that became resident (a
+    first node) since the last :meth:`take_joined`, so that a policy ranking the resident segments knows what
+    came; None until a first take (a cache whose policy never asks keeps no record)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.joined = 0
+        self.joined: list[str] | None = None
 
     def add(self, kind: str, seg_id: str) -> None:
         if kind != PRIV:
             nodes = self.get(seg_id, 0)
-            self.joined += not nodes
+            if not nodes and self.joined is not None:
+                self.joined.append(seg_id)
             self[seg_id] = nodes + 1
+
+    def take_joined(self) -> list[str] | None:
+        """The segments that became resident since the last call (None: unknown, the first call), and start a
+        new record. Between two calls a segment joins again only after leaving, so the record holds at most
+        the segments that were made resident in between."""
+        out, self.joined = self.joined, []
+        return out
 
     def remove(self, kind: str, seg_id: str) -> None:
         if kind != PRIV:

@@ -65,29 +65,39 @@ class DART(EvictionPolicy):
         super().__init__(hints)
         self.config = config or DARTConfig()
         self.protected: frozenset[str] = frozenset()
-        self._ranked_at = (-1, -1)  # (P̂'s version, segments joined) when F was last ranked
+        self._version = -1  # P̂'s version when F was last ranked
+        self._floor = 0.0  # the lowest P̂ in F then
         self._hinted = False  # whether QAS has published priorities (else: plain LRU)
         self._keyed: tuple[bool, frozenset[str]] | None = None  # (_hinted, protected) at the last pass
 
     def prepare(self, cache: ResidentIndex) -> None:
         """F = the top-f resident segments by P̂, ties to the segment resident longest; ranked again when P̂ is
-        published, a segment becomes resident (it may outrank a member: the segments a dispatch gave the
-        batch's term become resident only when its prefill ends) or a member leaves."""
+        published, a member leaves, or a segment that may outrank a member becomes resident (the segments a
+        dispatch gave the batch's term become resident only when its prefill ends)."""
         prio, f = self.hints.priority, self.config.f
         self._hinted = self.hints.version > 0 and len(prio) > 0
+        resident = cache.resident
+        joined = resident.take_joined()
         if not self._hinted or f == 0:
             self.protected = frozenset()
             return
-        resident = cache.resident
-        now = (self.hints.version, resident.joined)
-        if self._ranked_at == now and resident.keys() >= self.protected:
+        if (self._version == self.hints.version and resident.keys() >= self.protected and joined is not None
+                and not self._may_enter(joined, resident)):
             return
-        self._ranked_at = now
+        self._version = self.hints.version
         # the cache holds far fewer segments than QAS ranks: rank the resident ones, by P̂ descending, ties in
         # the order they became resident (a stable sort of the cache's own order: it follows the prompts, not the
         # segments' names, so a renamed trace, an imported one say, is served alike)
         ranked = sorted([s for s in resident if s in prio], key=prio.__getitem__, reverse=True)
-        self.protected = frozenset(s for s in ranked[:f] if prio[s] > 0)
+        top = [s for s in ranked[:f] if prio[s] > 0]
+        self.protected = frozenset(top)
+        self._floor = prio[top[-1]] if len(top) == f else 0.0
+
+    def _may_enter(self, joined: list[str], resident) -> bool:
+        """Whether a segment made resident since F was ranked could be in it: a positive P̂ at least F's lowest
+        (equal: the tie is the ranking's to break), or any positive one while F has room."""
+        prio, floor = self.hints.priority, self._floor
+        return any(prio.get(s, 0.0) > 0 and prio[s] >= floor and s in resident for s in joined)
 
     def key(self, node: NodeView) -> tuple:
         if not self._hinted:  # no hints: plain LRU
