@@ -241,6 +241,7 @@ class QAS(Scheduler):
         gone = {r.id for r in admitted}
         rest = [r for r in order if r.id not in gone]
         self.next_counter = Counter(s for r in rest[:len(admitted)] for s in shared(r))
+        self.see(admitted)  # a request taken that the round never ordered may bring segments (no base)
         if ctx.hints is not None:
             self.publish(ctx.hints, base, Counter(s for r in admitted for s in shared(r)))
 

@@ -46,10 +46,10 @@ def signatures() -> dict[str, object]:
     ints, floats, bools, matrix = i64[::1], f64[::1], b1[::1], i64[:, ::1]
     prompts = t.Tuple((matrix, ints, bools, i64))  # Prompts
     params = t.Tuple((f64, f64, f64, i64, i64, f64, f64, i64, b1))  # Params
-    round_ = t.Tuple((floats, ints, ints, ints, ints, ints, floats, i64, ints, matrix, bools))  # Round
-    dispatch = t.Tuple((ints, ints, ints, floats, ints, ints, ints))  # Dispatch
-    return {"plan_round": round_(prompts, params, ints, ints, floats, i64, floats, f64, f64, i64),
-            "dispatch": dispatch(prompts, ints, ints, floats, f64, i64, floats),
+    round_ = t.Tuple((ints, floats, ints, ints, ints, ints, ints, floats, i64, ints, matrix, bools))  # Round
+    dispatch = t.Tuple((ints, ints, ints, ints, ints, ints, ints))  # Dispatch
+    return {"plan_round": round_(prompts, params, ints, ints, floats, i64, floats, f64, f64, i64, floats, ints),
+            "dispatch": dispatch(prompts, ints, ints, ints, floats, floats, f64, f64, f64, ints, ints, floats, ints, b1),
             "aligned_row": t.Tuple((ints, b1))(prompts, i64, floats, i64)}
 
 

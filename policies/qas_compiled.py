@@ -5,9 +5,7 @@ A plain-Python round is 49-69x slower (4.7 ms at 128 waiting requests, against S
 LPM), which is why this exists; ``tests/test_qas.py`` holds it equal to :class:`~prism.policies.qas.QAS`,
 round after round, on random queues. Change the definition there first.
 
-Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), plus a few array passes
-over every segment QAS has numbered (about 4 ns a segment: DESIGN §3 asks O(S); a server whose requests bring new
-segments pays this as its history grows, ``docs/live.md``, *A server that runs for days*), in one compiled call
+Cost per round: O(S) in queued segment occurrences S (times kappa for the signatures), in one compiled call
 (``policies.qas_round.plan_round``) of three passes over the queue: counters and priorities; signatures;
 buckets, scores and lanes; the starvation bound and the front alignment of the order's head (the
 ``batch_hint`` requests the engine is about to take) end the same call. Buckets and the FIFO order come from
@@ -18,6 +16,10 @@ caches (``benchmarks/bench_plugin_round.py``), so a plan makes one and a dispatc
 (a backlog front end's arrival that finds room, a lone waiting request) makes none: it is a few lines of Python,
 and its dispatch publishes only the segments whose P̂ may have changed (``_plan_one``, ``_publish_changes``), as
 does the dispatch of a short round (an engine's, below the knee) that the engine took whole.
+Its dispatch costs the round's segments, the taken rows' and those whose P̂ may have moved since the last
+publication (a(r) changed; a queue or batch term then). The kernels keep an entry per segment numbered (P(r; ∅),
+the segment's place among a round's, the last P̂) and read only those the round writes (a sparse set), so no
+round pays for every segment QAS has seen (DESIGN §3; ``docs/live.md``, *A server that runs for days*).
 Per request, QAS keeps its segment indices in a matrix row registered once, on the request's first round.
 Finding the rows of a queue is a lookup per request, which at hundreds of requests costs as much as the
 compiled round; so QAS notes the queue it expects next (its last order minus what the engine admitted) and
@@ -210,8 +212,6 @@ class _One(NamedTuple):
 
     cells: list[int]  # its row (RequestTable.cells); the table registers it only where a later round needs it
     segments: dict[int, int]  # its segments (system and reusable) -> occurrences in its row
-    active: np.ndarray  # a(r) by segment index as the round read it (unchanged until the next round)
-    hinted: bool  # the round read a(r) from hints (else zeros)
     inputs: tuple  # plan_round's batch_hint, arrival (of its row), now, max_wait, n_align: for ``last``
 
 
@@ -220,9 +220,11 @@ class _Planned(NamedTuple):
 
     order: list  # the queued requests in the plan's order
     order_rows: np.ndarray  # their rows
-    base: np.ndarray | None  # per segment: w_a·a + w_g·g of the round, P without the batch term (None: made
-    one: _One | None = None  # from ``one`` where a dispatch needs it, for a round of one request)
-    active: tuple | None = None  # a round of several: (a(r) as it read it, whether from hints)
+    touched: np.ndarray | None  # the round's segments (Round.touched; None: made from ``one`` where a dispatch
+    base: np.ndarray | None  # needs them) and theirs w_a·a + w_g·g, P without the batch term
+    active: np.ndarray  # a(r) by segment index as the round read it
+    hinted: bool  # from hints (else zeros)
+    one: _One | None = None  # a round of one request
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)  # shared, never written: what a round of one request leaves
@@ -291,16 +293,21 @@ class CompiledQAS(QAS):
         self._next_rows = _NO_ROWS  # the predicted next batch's rows
         self._planned: _Planned | None = None  # the last plan, until its dispatch
         self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
-        self._published = np.zeros(0)  # the last published P̂, by segment index
+        self._published = np.zeros(64)  # the last published P̂, by segment index (zeros past the segments in use)
+        # the kernels' own entries per segment, kept between rounds, written and read at a round's segments only
+        # (qas_round.plan_round): P(r; ∅), and each segment's place among the round's
+        self._prio = np.zeros(64)
+        self._local_of = np.full(64, -1, dtype=np.int64)
+        self._no_active = np.zeros(64)  # a(r) of a round without hints
         self._published_by_name: dict[str, float] = {}  # the same, as the mapping DART reads
         self._a = np.zeros(0)  # a(r) by segment index, for the first _a_known segments (see _active)
         self._a_known = 0
         self._a_hints: DemandHints | None = None  # the hints it mirrors
-        # what a dispatch needs to publish only what changed (_publish_changes): the segments whose a(r)
-        # changed or that were first seen since the last publication (None: unknown), and those that carried a
-        # queue or batch term in it (None: unknown, after a round of a long queue)
+        # what a dispatch needs to publish only what changed (_publish_changes, the kernels' dispatch): the
+        # segments whose a(r) changed or that were first seen since the last publication (None: unknown), and
+        # those that carried a queue or batch term in it (None: no publication yet)
         self._a_moved: set[int] | None = None
-        self._pub_terms: list[int] | None = None
+        self._pub_terms: list[int] | np.ndarray | None = None  # as its publisher made it (Python or a kernel)
         self.counters: Counter = Counter()
         self.early = INTERPRETED_ROUNDS  # the kernels of the rounds before numba's (module docstring)
         self.early_budget_s = 0.0  # what they may still cost over numba's; 0: numba's from the next round
@@ -319,17 +326,21 @@ class CompiledQAS(QAS):
         for inspection and tests, so that rounds pay nothing for it."""
         if self._last_round is None:
             return None
-        waiting, rnd = self._last_round
+        waiting, rnd, active = self._last_round
         if isinstance(rnd, _One):  # the round the kernel would have made, on a table of its request alone
             cells = rnd.cells
             prompts = Prompts(np.array([cells]), np.array([len(cells) - 1]), np.array([waiting[0].fixed_order]),
                               len(cells))
             one_row = np.zeros(1, dtype=np.int64)
             hint, arrival, now, wait, n_align = rnd.inputs
-            rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, rnd.active,
-                                                hint, np.array([arrival]), now, wait, n_align))
+            size = max(len(active), max(cells) + 1)
+            rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, active,
+                                                hint, np.array([arrival]), now, wait, n_align, np.zeros(size),
+                                                np.full(size, -1, dtype=np.int64)))
+        base = self.params.w_a * active + self.params.w_g * 0.0  # P(r; ∅) of a segment not in the queue
+        base[rnd.touched] = rnd.base
         names = self.table.segment_names
-        return {"priority": {names[i]: float(rnd.base[i]) for i in np.flatnonzero(rnd.base)},  # P(r; ∅)
+        return {"priority": {names[i]: float(base[i]) for i in np.flatnonzero(base)},  # P(r; ∅)
                 "buckets": [(tuple(waiting[i].id for i in rnd.grouped[s:s + k]), float(score))
                             for s, k, score in zip(rnd.bucket_start.tolist(), rnd.bucket_size.tolist(),
                                                    rnd.bucket_score.tolist())]}
@@ -346,7 +357,9 @@ class CompiledQAS(QAS):
         of segments in use. Read whole the first time, or from hints other than the last round's."""
         hints = ctx.hints
         if hints is None:
-            return np.zeros(n_segments)
+            if len(self._no_active) < n_segments:
+                self._no_active = np.zeros(2 * n_segments)
+            return self._no_active[:n_segments]
         active, index, names = hints.active, self.table.segment_index, self.table.segment_names
         changed = hints.take_active_changes()
         a, known = self._a, self._a_known
@@ -390,17 +403,17 @@ class CompiledQAS(QAS):
         self._k = k = self._kernels(len(queued))
         wait = cfg.max_wait_s if cfg.replans_backlog else np.inf  # the starvation bound
         active = self._active(ctx, n_segments)
+        self._scratch(n_segments)
         rnd = Round(*k.plan_round(table.prompts, self._kernel_params, queued, age, active,
                                   ctx.batch_hint or len(waiting), table.arrival, ctx.now, wait,
-                                  min(ctx.batch_hint, len(waiting))))
+                                  min(ctx.batch_hint, len(waiting)), self._prio, self._local_of))
         if (rnd.order == np.arange(len(waiting))).all():  # the queue's own order: past the knee, all aged (FIFO)
             order = list(waiting)
         else:
             order = [waiting[p] for p in rnd.order.tolist()]
-        self._planned = _Planned(order, rnd.order_rows, rnd.base,
-                                 active=(active, ctx.hints is not None) if self.small_rounds_in_python else None)
+        self._planned = _Planned(order, rnd.order_rows, rnd.touched, rnd.base, active, ctx.hints is not None)
         table.expect(order, rnd.order_rows)
-        self._last_round = (waiting, rnd)  # references only: `last` builds views
+        self._last_round = (waiting, rnd, active)  # references only: `last` builds views
         self.counters[QAS_ROUNDS] += 1
         self.counters[QAS_BUCKETS] += len(rnd.bucket_size)
         cold = dict.fromkeys([waiting[p].id for p in rnd.cold.tolist()], "cold")  # q_cold requests at most
@@ -408,7 +421,17 @@ class CompiledQAS(QAS):
         if rnd.n_aged:
             self.counters[QAS_AGED] += rnd.n_aged
             lanes = _AgedLanes(table, rnd.order_rows[:rnd.n_aged], cold)
-        return Plan(order, _Alignment(table, queued, rnd, cfg.f_front, k.aligned_row), lanes=lanes)
+        return Plan(order, _Alignment(self, queued, rnd, k.aligned_row), lanes=lanes)
+
+    def _scratch(self, n_segments: int) -> None:
+        """The kernels' entries per segment for ``n_segments`` segments, grown by doubling (what is there is kept:
+        the last publication, and entries a round reads only after writing them)."""
+        if len(self._prio) < n_segments:
+            grow = max(n_segments, len(self._prio))
+            self._prio = np.concatenate((self._prio, np.zeros(grow)))
+            self._local_of = np.concatenate((self._local_of, np.full(grow, -1, dtype=np.int64)))
+        if len(self._published) < n_segments:
+            self._published = np.concatenate((self._published, np.zeros(max(n_segments, len(self._published)))))
 
     def _compact(self, queued: np.ndarray) -> np.ndarray:
         """Drop the table's rows but the queue's and the predicted next batch's; the queue's rows renumbered."""
@@ -458,10 +481,9 @@ class CompiledQAS(QAS):
         self.counters[QAS_BUCKETS] += 1
         order = [r]
         table.expect((), _NO_ROWS)
-        one = _One(cells, counts, a, ctx.hints is not None,
-                   (ctx.batch_hint or 1, arrival, ctx.now, wait, min(ctx.batch_hint, 1)))
-        self._planned = _Planned(order, _NO_ROWS, None, one)
-        self._last_round = (waiting, one)
+        one = _One(cells, counts, (ctx.batch_hint or 1, arrival, ctx.now, wait, min(ctx.batch_hint, 1)))
+        self._planned = _Planned(order, _NO_ROWS, None, None, a, ctx.hints is not None, one)
+        self._last_round = (waiting, one, a)
         return Plan(order, align, lanes)
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
@@ -472,28 +494,38 @@ class CompiledQAS(QAS):
         one = planned.one
         whole = len(planned.order) <= self.PYTHON_ROWS and _took_whole(admitted, planned.order)
         if one is not None:  # a round of one request: what the kernels' round would have left
-            if whole and self._publish_changes(one.segments, one.active, one.hinted, ctx):
+            if whole and self._publish_changes(one.segments, planned.active, planned.hinted, ctx):
                 return
-            base = self.params.w_a * one.active + self.params.w_g * self._counts(one, len(one.active))
             rows = self.table.rows(planned.order)  # registered now: the kernel's dispatch reads its row
-            planned, self._k = planned._replace(order_rows=rows, base=base), self._kernels(1)
-        elif whole and planned.active is not None:
-            if self._publish_changes(self._segment_counts(planned.order_rows), *planned.active, ctx):
+            touched = np.fromiter(one.segments, np.int64, len(one.segments))
+            w_a, w_g = self.params.w_a, self.params.w_g
+            base = np.array([w_a * float(planned.active[s]) + w_g * c for s, c in one.segments.items()])
+            planned, self._k = planned._replace(order_rows=rows, touched=touched, base=base), self._kernels(1)
+        elif whole and self.small_rounds_in_python:
+            if self._publish_changes(self._segment_counts(planned.order_rows), planned.active, planned.hinted, ctx):
                 return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
-        out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.base,
-                                         self.params.w_n, len(self.table.segment_names), self._published))
+        hints = ctx.hints
+        n_segments = len(self.table.segment_names)
+        if self._a_moved is None or self._pub_terms is None:  # unknown: every segment may have changed
+            moved, terms = np.arange(n_segments, dtype=np.int64), _NO_ROWS
+        else:
+            moved = np.fromiter(self._a_moved, np.int64, len(self._a_moved)) if self._a_moved else _NO_ROWS
+            terms = np.array(self._pub_terms, dtype=np.int64) if isinstance(self._pub_terms, list) else self._pub_terms
+        self._scratch(n_segments)
+        w = self.params
+        out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.touched,
+                                         planned.base, planned.active, w.w_a, w.w_g, w.w_n, moved, terms,
+                                         self._published, self._local_of, hints is not None))
         self._next_rows = out.next_rows
         remaining = list(planned.order)
         for p in reversed(out.taken_positions.tolist()):
             del remaining[p]
         self.table.expect(remaining, out.remaining_rows)
-        if ctx.hints is not None:
-            self._publish(ctx.hints, out)
-            terms = self._segment_counts(planned.order_rows if taken is planned.order_rows
-                                         else np.concatenate((planned.order_rows, taken)))
-            self._pub_terms = list(terms) if terms is not None else None
+        if hints is not None:
+            self._publish(hints, out)
+            self._pub_terms = out.terms
             self._a_moved = set()
 
     #: the most rows a dispatch reads in Python (_segment_counts): an engine's queue below the knee
@@ -502,8 +534,7 @@ class CompiledQAS(QAS):
     def _segment_counts(self, rows: np.ndarray) -> dict[int, int] | None:
         """Occurrences of each segment in these rows (system and reusable), for at most ``PYTHON_ROWS`` rows;
         None past that (a front end's window: walking hundreds of segments in Python costs more than a kernel
-        call). A dispatch that took a short round whole publishes by them; after a kernel's dispatch they are the
-        segments its publication gave a queue or batch term (its round's queue and what the engine took)."""
+        call). A dispatch that took a short round whole publishes by them."""
         if len(rows) > self.PYTHON_ROWS:
             return None
         counts: dict[int, int] = {}
@@ -512,14 +543,6 @@ class CompiledQAS(QAS):
                 if s >= 0:
                     counts[s] = counts.get(s, 0) + 1
         return counts
-
-    @staticmethod
-    def _counts(one: _One, n_segments: int) -> np.ndarray:
-        """g(r) of a round of one request, by segment index (its row's occurrences)."""
-        out = np.zeros(n_segments)
-        for s, c in one.segments.items():
-            out[s] = c
-        return out
 
     def _publish_changes(self, counts: dict[int, int], active: np.ndarray, hinted: bool, ctx: SchedContext) -> bool:
         """The kernel's dispatch of a round whose whole queue the engine took (nothing remains: no next batch),
@@ -540,7 +563,8 @@ class CompiledQAS(QAS):
         published = self._published
         if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
             published = self._published = np.concatenate((published, np.zeros(max(n_segments, len(published)))))
-        maybe = self._a_moved.union(counts, self._pub_terms)
+        terms = self._pub_terms
+        maybe = self._a_moved.union(counts, terms if isinstance(terms, list) else terms.tolist())
         out, fell = self._published_by_name, []
         for s in sorted(maybe):
             if s < n_round:
@@ -567,12 +591,11 @@ class CompiledQAS(QAS):
     def _publish(self, hints: DemandHints, dispatched) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed
         since the last publication are written, a small part of the hundreds with demand."""
-        published, up, gone, fell = dispatched.published, dispatched.changed, dispatched.dropped, dispatched.fell
+        up, gone, fell = dispatched.changed, dispatched.dropped, dispatched.fell
         out, names = self._published_by_name, self.table.segment_names
-        out.update(zip([names[i] for i in up.tolist()], published[up].tolist()))
+        out.update(zip([names[i] for i in up.tolist()], self._published[up].tolist()))
         for i in gone.tolist():
             del out[names[i]]
-        self._published = published
         hints.publish(out, [names[i] for i in fell.tolist()])
 
     def stats(self) -> dict[str, int]:
@@ -584,8 +607,8 @@ class _Alignment(LazyAlignment):
     The round aligned the head of its order (the requests the engine is about to take); others are aligned
     on demand with the round's priorities, should the engine take them."""
 
-    def __init__(self, table: RequestTable, queued: np.ndarray, rnd: Round, f_front: int, aligned_row) -> None:
-        self._table, self._queued, self._rnd, self._f_front = table, queued, rnd, f_front
+    def __init__(self, qas: CompiledQAS, queued: np.ndarray, rnd: Round, aligned_row) -> None:
+        self._qas, self._table, self._queued, self._rnd = qas, qas.table, queued, rnd
         self._aligned_row = aligned_row  # the round's kernel
         # the aligned head's rows, then all queued rows, as dicts and sets made at the first call that needs
         # them: O(queue) per round that admits (an array over every row ever registered would make a front
@@ -609,7 +632,9 @@ class _Alignment(LazyAlignment):
                 self._rows = set(self._queued.tolist())
             if row not in self._rows:
                 return default
-            out, moved = self._aligned_row(table.prompts, row, rnd.base, self._f_front)  # by P(r; ∅)
+            prio = self._qas._prio  # P(r; ∅) of the round's segments there, as the round left them
+            prio[rnd.touched] = rnd.base
+            out, moved = self._aligned_row(table.prompts, row, prio, self._qas.config.f_front)
             if not moved:
                 return default
         names = table.segment_names

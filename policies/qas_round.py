@@ -5,8 +5,8 @@ prefers: see *Start* below.
 Model. The kernels read QAS's request table as a :class:`Prompts`: one row per registered request, column 0
 its system segment, then its reusable segments in prompt order, -1 padded; segments are numbered in
 first-seen order, which is also the tie-break between equal priorities. A round (:func:`plan_round`) is
-three passes over the queued rows, O(S) in queued segment occurrences S (and a few array passes over every
-segment numbered: ``base``, the markers, a dispatch's publication; see ``qas_compiled``'s *Cost*):
+three passes over the queued rows, O(S) in queued segment occurrences S (a round numbers its segments by their
+place among its own, :func:`segment_counts`, so that no pass is over every segment QAS has numbered):
 
 1. counters and priorities: g(r) counted over the queue; ``base`` = w_a·a + w_g·g, the part of P that no
    batch changes, which is P(r; ∅), by which a round ranks segments (:func:`priority` adds a batch's term);
@@ -32,7 +32,7 @@ such a scan compiles to tight code where an insertion sort per request branches 
 all-pairs work. Kernels take whole arrays and loop over rows inside: a compiled call per row would pay for
 passing its arrays each time.
 
-Cost. Compiled, a round's time is its O(S) work while the segments numbered are few against it. Loops, not numpy array operations: at the queue sizes an
+Cost. Compiled, a round's time is its O(S) work. Loops, not numpy array operations: at the queue sizes an
 engine sees (hundreds of requests) an array operation's fixed cost exceeds its work, and a round needs
 dozens of them. A round also pays a few microseconds to call its kernel and box its result.
 
@@ -94,7 +94,8 @@ class Params(NamedTuple):
 class Round(NamedTuple):
     """One round's result. Positions index the queue as the round was given it."""
 
-    base: np.ndarray  # per segment: w_a·a + w_g·g, which is P(r; ∅), by which the round ranks segments
+    touched: np.ndarray  # the segments of the queued rows (system and reusable), in the order first met
+    base: np.ndarray  # per touched segment: w_a·a + w_g·g, which is P(r; ∅), by which the round ranks segments
     order: np.ndarray  # queue positions in admission order
     cold: np.ndarray  # the cold lane's queue positions, oldest first
     grouped: np.ndarray  # queue positions grouped by bucket, FIFO inside
@@ -113,10 +114,10 @@ class Dispatch(NamedTuple):
     taken_positions: np.ndarray  # where the order was taken, ascending
     remaining_rows: np.ndarray  # the order's other rows, in order
     next_rows: np.ndarray  # the rows that now head the order: the predicted next batch
-    published: np.ndarray  # per segment: P̂(r) = P(r; the dispatched batch)
-    changed: np.ndarray  # segments whose P̂ is positive and differs from the last publication's
+    changed: np.ndarray  # segments whose P̂ is positive and differs from the last publication's, ascending
     dropped: np.ndarray  # segments whose P̂ fell to zero
     fell: np.ndarray  # segments whose P̂ fell (the dropped ones included)
+    terms: np.ndarray  # segments the publication gave a queue or batch term (the round's and the taken rows')
 
 
 @kernel
@@ -127,16 +128,31 @@ def priority(base, in_batch, w_n):
 
 
 @kernel
-def segment_counts(prompts, rows, n_segments):
-    """Per segment: how many of these rows contain it, system and reusable segments."""
-    count = np.zeros(n_segments)
+def segment_counts(prompts, rows, local_of):
+    """The segments of these rows (system and reusable), in the order first met, and how many times the rows
+    hold each. ``local_of`` (an entry per segment numbered, kept between rounds and never cleared) gets each
+    one's place in that list: a sparse set (an entry counts only where the list holds the segment there), so
+    a round touches its own segments, not every segment QAS has numbered."""
     segments = prompts.segments
+    total = 0
+    for r in rows:
+        total += 1 + prompts.n_reusable[r]
+    touched = np.empty(total, np.int64)
+    count = np.zeros(total)
+    k = 0
     for r in rows:
         for c in range(1 + prompts.n_reusable[r]):  # its system segment, then its reusable ones
             s = segments[r, c]
-            if s >= 0:
-                count[s] += 1
-    return count
+            if s < 0:
+                continue
+            i = local_of[s]
+            if i < 0 or i >= k or touched[i] != s:
+                i = k
+                local_of[s] = k
+                touched[k] = s
+                k += 1
+            count[i] += 1
+    return touched[:k], count[:k]
 
 
 @kernel
@@ -293,9 +309,10 @@ def _fifo(age):
 
 
 @kernel
-def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
+def order_queue(prompts, queued, age, bucket_key, prio, local_of, n_touched, params, batch_hint):
     """Buckets, their scores and the admission order (step 3 of :func:`plan_round`). Requests with equal
-    ``bucket_key`` (integers from 0 to the queue's length) share a bucket."""
+    ``bucket_key`` (integers from 0 to the queue's length) share a bucket; ``prio`` is P(r; ∅) by segment,
+    ``local_of`` each of the ``n_touched`` queued segments' place (:func:`segment_counts`)."""
     n = queued.shape[0]
     by_age = _fifo(age)
     # buckets numbered by their heads' age; members in FIFO order
@@ -311,7 +328,7 @@ def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
     grouped, start = _counting_sort(bucket, n_buckets, by_age)
     size = start[1:] - start[:-1]
     score = np.empty(n_buckets)
-    seen = np.full(base.shape[0], -1, np.int64)  # the last bucket that counted each segment
+    seen = np.full(n_touched, -1, np.int64)  # the last bucket that counted each segment (by its place)
     segments = prompts.segments
     for b in range(n_buckets):
         in_batch = 0  # n(r; batch) summed over the bucket's segments: the batch's segment occurrences
@@ -325,10 +342,10 @@ def order_queue(prompts, queued, age, bucket_key, base, params, batch_hint):
                 s = segments[r, c]
                 if s < 0:
                     break
-                if seen[s] != b:
-                    seen[s] = b
+                if seen[local_of[s]] != b:
+                    seen[local_of[s]] = b
                     distinct += 1
-                    total_base += base[s]
+                    total_base += prio[s]
         util = priority(total_base, in_batch, params.w_n)
         if distinct > 0:
             util /= distinct
@@ -371,27 +388,37 @@ def _aged_first(order, queued, age, arrival, now, max_wait):
 
 
 @kernel
-def plan_round(prompts, params, queued, age, active, batch_hint, arrival, now, max_wait, n_align):
+def plan_round(prompts, params, queued, age, active, batch_hint, arrival, now, max_wait, n_align, prio, local_of):
     """One QAS round over the ``queued`` rows (in queue order), segments ranked by P(r; ∅) = w_a·a + w_g·g.
 
     ``age``: a unique key per queued request that sorts it in FIFO (arrival, id) order; ``active``: a(r) per
     segment; ``batch_hint``: how many requests form a bucket's provisional batch. A bucket's utility U(b) is
     the mean over its distinct reusable segments of P(r; its provisional batch), its score alpha_size·|b| +
     beta_util·U(b). Requests that waited more than ``max_wait`` (``arrival`` by row) go first, oldest first
-    (the starvation bound; inf: none). The first ``n_align`` requests of the order are aligned too, the ones an engine is about to take
-    (a call of :func:`aligned_row` each would cost more than the round).
+    (the starvation bound; inf: none). The first ``n_align`` requests of the order are aligned too, the ones an
+    engine is about to take (a call of :func:`aligned_row` each would cost more than the round).
+
+    ``prio`` and ``local_of`` are the caller's, an entry per segment numbered, kept between rounds: the round
+    writes P(r; ∅) and the place of each queued segment there and reads nothing else of them, so that it costs
+    its queue, not every segment QAS has numbered (DESIGN §3: O(S)).
     """
     prompts, params = Prompts(*prompts), Params(*params)
-    base = segment_counts(prompts, queued, active.shape[0])  # g, made w_a·a + w_g·g in place: one array
-    for s in range(base.shape[0]):
-        base[s] = params.w_a * active[s] + params.w_g * base[s]
-    prio = base
+    touched, base = segment_counts(prompts, queued, local_of)  # g, made w_a·a + w_g·g in place: one array
+    for i in range(touched.shape[0]):
+        s = touched[i]
+        base[i] = params.w_a * active[s] + params.w_g * base[i]
+        prio[s] = base[i]
     if params.buckets:
         signatures = _aligned_top(prompts, queued, prio, params.kappa, params.f_front)  # top-kappa, aligned order
-        bucket_key = _bucket_keys(signatures, active.shape[0])
+        for p in range(signatures.shape[0]):  # segments by their place among the touched: keys by equality
+            for c in range(signatures.shape[1]):
+                if signatures[p, c] >= 0:
+                    signatures[p, c] = local_of[signatures[p, c]]
+        bucket_key = _bucket_keys(signatures, touched.shape[0])
     else:
         bucket_key = np.zeros(queued.shape[0], np.int64)
-    order, cold, grouped, start, size, score = order_queue(prompts, queued, age, bucket_key, base, params, batch_hint)
+    order, cold, grouped, start, size, score = order_queue(prompts, queued, age, bucket_key, prio, local_of,
+                                                           touched.shape[0], params, batch_hint)
     order, n_aged = _aged_first(order, queued, age, arrival, now, max_wait)
     order_rows = queued[order]
     head = order_rows[:n_align]
@@ -401,17 +428,26 @@ def plan_round(prompts, params, queued, age, active, batch_hint, arrival, now, m
         for j in range(prompts.n_reusable[head[i]]):
             if aligned[i, j] != prompts.segments[head[i], 1 + j]:
                 moved[i] = True
-    return (base, order, cold, grouped, start, size, score,  # a Round's fields (module docstring: Cost)
+    return (touched, base, order, cold, grouped, start, size, score,  # a Round's fields (module docstring: Cost)
             n_aged, order_rows, aligned, moved)
 
 
 @kernel
-def dispatch(prompts, order_rows, taken, base, w_n, n_segments, last_published):
+def dispatch(prompts, order_rows, taken, touched, base, active, w_a, w_g, w_n, moved, terms, published, local_of,
+             publish):
     """After the engine took the rows ``taken`` of a round ordered as ``order_rows``: where the order was
     taken, the rows that remain, the next batch (the first ``len(taken)`` of them: rows, which only an
-    inspection counts), the published
-    P̂ = P(r; taken), over ``n_segments`` segments (those first seen after the round have no base), and how
-    it differs from ``last_published`` (:func:`changes`; one call for both: a call costs more than either)."""
+    inspection counts); with ``publish``, the publication P̂ = P(r; taken), written into ``published`` (an entry
+    per segment numbered: the last publication, zero where none), and how it differs from the last: the
+    segments now positive and changed (ascending: the order a publication lists them), those now zero, those
+    lower than before; and the segments this publication gives a queue or batch term, for the next.
+
+    P̂ of a segment the round met (``touched``) is its ``base`` plus w_n·n(r; taken); of one it did not meet,
+    w_a·a + w_g·0 as a round computes it (``active``, a(r) as the round read it; 0 for one numbered after the
+    round), plus the batch term. Only the segments whose P̂ may differ from the last publication are
+    computed: the round's, the taken rows', those whose a(r) changed or that were numbered since (``moved``)
+    and those the last publication gave a term (``terms``); every other one keeps its last P̂, w_a·a then and
+    now. ``local_of`` notes each one's place among them (a sparse set, as in :func:`segment_counts`)."""
     prompts = Prompts(*prompts)
     sorted_taken = np.sort(taken)  # membership by binary search: O(queue · log taken), not O(rows registered)
     taken_positions = np.empty(order_rows.shape[0], np.int64)
@@ -426,37 +462,69 @@ def dispatch(prompts, order_rows, taken, base, w_n, n_segments, last_published):
             remaining_rows[k] = order_rows[p]
             k += 1
     remaining_rows = remaining_rows[:k]
-    published = segment_counts(prompts, taken, n_segments)  # n(r; taken), made P̂ in place: one array
-    for s in range(n_segments):
-        published[s] = priority(base[s] if s < base.shape[0] else 0.0, published[s], w_n)
-    changed, dropped, fell = changes(published, last_published)
-    return (taken_positions[:t], remaining_rows,  # a Dispatch's fields
-            remaining_rows[:taken.shape[0]], published, changed, dropped, fell)
-
-
-@kernel
-def changes(new, old):
-    """Where a publication differs from the last (``old`` is shorter when segments were added since; its
-    missing entries are zero): ``(set, dropped, fell)``, the indices now positive, those now zero, and those
-    lower than before (the dropped ones included)."""
-    n = new.shape[0]
-    up = np.empty(n, np.int64)
-    gone = np.empty(n, np.int64)
-    fell = np.empty(n, np.int64)
-    a = b = c = 0
-    for i in range(n):
-        was = old[i] if i < old.shape[0] else 0.0
-        if new[i] != was:
-            if new[i] > 0:
-                up[a] = i
+    none = np.zeros(0, np.int64)
+    if not publish:
+        return (taken_positions[:t], remaining_rows, remaining_rows[:taken.shape[0]], none, none, none, none)
+    n_cells = 0
+    for r in taken:
+        n_cells += 1 + prompts.n_reusable[r]
+    domain = np.empty(touched.shape[0] + n_cells + moved.shape[0] + terms.shape[0], np.int64)
+    in_batch = np.zeros(domain.shape[0])
+    n_touched = touched.shape[0]
+    for i in range(n_touched):  # the round's segments first, at their places
+        domain[i] = touched[i]
+        local_of[touched[i]] = i
+    d = n_touched
+    for r in taken:  # the taken rows' segments, counted; then the others that may have changed
+        for c in range(1 + prompts.n_reusable[r]):
+            s = prompts.segments[r, c]
+            if s < 0:
+                continue
+            i = local_of[s]
+            if i < 0 or i >= d or domain[i] != s:
+                i = d
+                local_of[s] = d
+                domain[d] = s
+                d += 1
+            in_batch[i] += 1
+    for others in (moved, terms):
+        for s in others:
+            i = local_of[s]
+            if i < 0 or i >= d or domain[i] != s:
+                local_of[s] = d
+                domain[d] = s
+                d += 1
+    up = np.empty(d, np.int64)
+    gone = np.empty(d, np.int64)
+    fell = np.empty(d, np.int64)
+    term = np.empty(d, np.int64)
+    a = b = c = e = 0
+    for j in range(d):
+        s = domain[j]
+        if j < n_touched:
+            p = base[j]
+        elif s < active.shape[0]:
+            p = w_a * active[s] + w_g * 0.0
+        else:  # first seen after the round: no base, and not in its queue
+            p = 0.0
+        new = priority(p, in_batch[j], w_n)
+        if j < n_touched or in_batch[j] > 0:
+            term[e] = s
+            e += 1
+        was = published[s]
+        if new != was:
+            if new > 0:
+                up[a] = s
                 a += 1
             else:
-                gone[b] = i
+                gone[b] = s
                 b += 1
-            if new[i] < was:
-                fell[c] = i
+            if new < was:
+                fell[c] = s
                 c += 1
-    return up[:a], gone[:b], fell[:c]
+            published[s] = new
+    return (taken_positions[:t], remaining_rows,  # a Dispatch's fields
+            remaining_rows[:taken.shape[0]], np.sort(up[:a]), gone[:b], np.sort(fell[:c]), term[:e])
 
 
 def _interpreted() -> SimpleNamespace:

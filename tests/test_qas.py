@@ -282,6 +282,69 @@ def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, w
     assert fast.stats() == kern.stats()
 
 
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 24), st.integers(0, 30), st.booleans(), st.booleans(),
+                                st.integers(0, 7), st.integers(0, 2**31)), min_size=1, max_size=12),
+       hint=st.integers(0, 8), kappa=st.integers(1, 3), finish=st.lists(st.booleans(), min_size=64, max_size=64))
+def test_a_round_reads_no_segment_outside_its_queue(steps, hint, kappa, finish):
+    """A round and its dispatch cost their queue, not every segment QAS has numbered (DESIGN §3: O(S)): the
+    kernels keep an entry per segment between rounds and read only those the round itself writes. So entries
+    overwritten with garbage before every plan and every dispatch change nothing: the same order, lanes,
+    alignment, buckets, priorities and publication as the readable definition, which recomputes everything from
+    every segment seen, round after round, with queues longer than a dispatch reads in Python, many new
+    segments a round, rounds without hints, and requests taken that the round never ordered."""
+    cfg = QASConfig(kappa=kappa, window_s=0.0, q_cold=1)
+    fast, plain = CompiledQAS(cfg), QAS(cfg)
+    fast.small_rounds_in_python = False  # the kernels' own rounds and dispatches, whatever the queue
+    hints, plain_hints = DemandHints(), DemandHints()
+    waiting: list[Req] = []
+    running: list[Req] = []
+    rid = 0
+
+    def poison(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        fast._prio[:] = rng.normal(size=len(fast._prio)) * 1e6
+        fast._local_of[:] = rng.integers(-5, 50, size=len(fast._local_of))
+
+    for k, (n_new, take, no_hints, stranger, fresh, seed) in enumerate(steps):
+        for j in range(n_new):
+            skeleton = ("ABCDEFGH"[j % 8], "ABCDEFGH"[(j * 3 + k) % 8], *(f"n{k}.{j}.{x}" for x in range(fresh % 3)))
+            waiting.append(req(rid, float(rid), tuple(dict.fromkeys(skeleton))))
+            rid += 1
+        if not waiting:
+            continue
+        ctx_f = SchedContext(float(k), NoCache(), (), None if no_hints else hints, batch_hint=hint)
+        ctx_p = SchedContext(float(k), NoCache(), (), None if no_hints else plain_hints, batch_hint=hint)
+        poison(seed)
+        plan, ref = fast.plan(waiting, ctx_f), plain.plan(waiting, ctx_p)
+        assert [r.id for r in plan.order] == [r.id for r in ref.order]
+        assert [plan.lane(r.id) for r in waiting] == [ref.lane(r.id) for r in waiting]
+        poison(seed + 1)
+        assert [plan.align.get(r.id) for r in waiting] == [ref.align.get(r.id) for r in waiting]
+        assert dict(fast.last["buckets"]) == pytest.approx(dict(plain.last["buckets"]))
+        assert fast.last["priority"] == pytest.approx(plain.last["priority"])
+        admitted = list(plan.order[:take])
+        if stranger:  # a request the round never ordered, with a segment seen before and one new
+            admitted.append(req(rid, float(k), ("A", f"z{k}")))
+            rid += 1
+        poison(seed + 2)
+        fast.on_dispatch(admitted, ctx_f)
+        plain.on_dispatch([next((x for x in ref.order if x.id == r.id), r) for r in admitted], ctx_p)
+        assert dict(hints.priority) == pytest.approx(dict(plain_hints.priority))
+        assert hints.take_fell() == plain_hints.take_fell()
+        assert fast.next_counter == +plain.next_counter
+        gone = {r.id for r in admitted}
+        waiting = [r for r in plan.order if r.id not in gone]
+        for r in admitted:
+            for h in (hints, plain_hints):
+                h.admit([s.id for s in r.segments if s.kind != PRIV])
+        running += admitted
+        for r in [r for r in running if finish[(r.id + k) % 64]]:
+            for h in (hints, plain_hints):
+                h.release([s.id for s in r.segments if s.kind != PRIV])
+            running.remove(r)
+
+
 def test_a_request_taken_outside_the_round_loses_its_batch_term_next_round():
     """The engine took the head of a round and a request the round never ordered, whose segment C was seen
     before but is in no queue, and none of them has joined the running batch yet (a front end's engine admits
@@ -390,8 +453,9 @@ def test_lanes_depend_only_on_the_order_of_age_keys(data, n, q_cold, hint):
     base = np.array(data.draw(st.lists(st.integers(0, 5), min_size=V, max_size=V)), dtype=float)
     age = np.array(data.draw(st.permutations(range(n))), dtype=np.int64)
     params = Params(1e6, 1e5, 1.0, 3, 1, 1.0, 0.5, q_cold, True)
-    dense = order_queue(prompts, np.arange(n), age, bucket_key, base, params, hint)
-    sparse = order_queue(prompts, np.arange(n), age * 1000 + 7, bucket_key, base, params, hint)
+    places = np.arange(V, dtype=np.int64)  # each segment's place among the round's: itself
+    dense = order_queue(prompts, np.arange(n), age, bucket_key, base, places, V, params, hint)
+    sparse = order_queue(prompts, np.arange(n), age * 1000 + 7, bucket_key, base, places, V, params, hint)
     for a, b in zip(dense, sparse):
         np.testing.assert_array_equal(a, b)
     assert sorted(dense[0].tolist()) == list(range(n))  # every request, once
