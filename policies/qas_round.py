@@ -128,11 +128,23 @@ def priority(base, in_batch, w_n):
 
 
 @kernel
+def _place(s, listed, n, local_of):
+    """Segment ``s``'s place in ``listed[:n]``, appended there if absent; returns (place, new n). A sparse set:
+    ``local_of`` (an entry per segment numbered, never cleared) holds the place, which counts only where the
+    list holds ``s`` there, so a round touches its own segments, not every segment QAS has numbered."""
+    i = local_of[s]
+    if i < 0 or i >= n or listed[i] != s:
+        i = n
+        local_of[s] = n
+        listed[n] = s
+        n += 1
+    return i, n
+
+
+@kernel
 def segment_counts(prompts, rows, local_of):
     """The segments of these rows (system and reusable), in the order first met, and how many times the rows
-    hold each. ``local_of`` (an entry per segment numbered, kept between rounds and never cleared) gets each
-    one's place in that list: a sparse set (an entry counts only where the list holds the segment there), so
-    a round touches its own segments, not every segment QAS has numbered."""
+    hold each; ``local_of`` gets each one's place in that list (:func:`_place`)."""
     segments = prompts.segments
     total = 0
     for r in rows:
@@ -143,15 +155,9 @@ def segment_counts(prompts, rows, local_of):
     for r in rows:
         for c in range(1 + prompts.n_reusable[r]):  # its system segment, then its reusable ones
             s = segments[r, c]
-            if s < 0:
-                continue
-            i = local_of[s]
-            if i < 0 or i >= k or touched[i] != s:
-                i = k
-                local_of[s] = k
-                touched[k] = s
-                k += 1
-            count[i] += 1
+            if s >= 0:
+                i, k = _place(s, touched, k, local_of)
+                count[i] += 1
     return touched[:k], count[:k]
 
 
@@ -447,7 +453,7 @@ def dispatch(prompts, order_rows, taken, touched, base, active, w_a, w_g, w_n, m
     round), plus the batch term. Only the segments whose P̂ may differ from the last publication are
     computed: the round's, the taken rows', those whose a(r) changed or that were numbered since (``moved``)
     and those the last publication gave a term (``terms``); every other one keeps its last P̂, w_a·a then and
-    now. ``local_of`` notes each one's place among them (a sparse set, as in :func:`segment_counts`)."""
+    now. ``local_of`` notes each one's place among them (:func:`_place`)."""
     prompts = Prompts(*prompts)
     sorted_taken = np.sort(taken)  # membership by binary search: O(queue · log taken), not O(rows registered)
     taken_positions = np.empty(order_rows.shape[0], np.int64)
@@ -478,22 +484,12 @@ def dispatch(prompts, order_rows, taken, touched, base, active, w_a, w_g, w_n, m
     for r in taken:  # the taken rows' segments, counted; then the others that may have changed
         for c in range(1 + prompts.n_reusable[r]):
             s = prompts.segments[r, c]
-            if s < 0:
-                continue
-            i = local_of[s]
-            if i < 0 or i >= d or domain[i] != s:
-                i = d
-                local_of[s] = d
-                domain[d] = s
-                d += 1
-            in_batch[i] += 1
+            if s >= 0:
+                i, d = _place(s, domain, d, local_of)
+                in_batch[i] += 1
     for others in (moved, terms):
         for s in others:
-            i = local_of[s]
-            if i < 0 or i >= d or domain[i] != s:
-                local_of[s] = d
-                domain[d] = s
-                d += 1
+            d = _place(s, domain, d, local_of)[1]
     up = np.empty(d, np.int64)
     gone = np.empty(d, np.int64)
     fell = np.empty(d, np.int64)
