@@ -119,12 +119,21 @@ def check_url(url: str, flag: str = "--url") -> str:
     return url
 
 
+#: what a request that could not complete raises (an HTTP error status is not among them: it is an answer)
+_BROKEN = (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError, http.client.HTTPException)
+
+
+class ServerLost(Exception):
+    """The server answered once, then stopped (it died, or its host went away): not bad input."""
+
+
 class Client:
     """The few SGLang HTTP calls the measurement needs (stdlib only)."""
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = check_url(url)
         self.timeout = timeout
+        self.reached = False  # it answered /health: a connection lost after that is the server's failure
 
     def _request(self, path: str, payload: dict | None = None, timeout: float | None = None):
         data = None if payload is None else json.dumps(payload).encode()
@@ -135,13 +144,25 @@ class Client:
         except urllib.error.HTTPError as e:
             body = e.read().decode(errors="replace").strip().replace("\n", " ")
             raise UserError(f"{self.url}{path} answered HTTP {e.code}: {body[:200]}") from None
-        except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise UserError(f"cannot reach the server at {self.url} ({reason}); is it running?") from None
+        except _BROKEN as e:
+            raise self._failed(e) from None
+
+    def _failed(self, e: BaseException) -> Exception:
+        """What a broken request means: the server lost (it had answered), or bad input (it never did)."""
+        reason = getattr(e, "reason", e)
+        if self.reached:
+            return ServerLost(f"the server at {self.url} stopped answering ({type(reason).__name__}: {reason})")
+        if isinstance(reason, http.client.HTTPException):
+            return UserError(f"the server at {self.url} does not answer HTTP ({type(reason).__name__}: "
+                             f"{str(reason)[:80]!r})", "--url")
+        return UserError(f"cannot reach the server at {self.url} ({reason}); is it running?")
 
     def json(self, path: str, payload: dict | None = None, timeout: float | None = None) -> object:
-        with self._request(path, payload, timeout) as r:
-            body = r.read()
+        try:
+            with self._request(path, payload, timeout) as r:
+                body = r.read()
+        except _BROKEN as e:  # while the answer was read
+            raise self._failed(e) from None
         try:
             return json.loads(body) if body else ""
         except json.JSONDecodeError:
@@ -151,6 +172,7 @@ class Client:
         """One clear line if nothing healthy answers at the URL."""
         with self._request("/health", timeout=10.0) as r:
             r.read()
+        self.reached = True
 
     def flush(self, attempts: int = 40) -> None:
         for _ in range(attempts):
@@ -185,7 +207,10 @@ class Client:
         chunks: list[tuple[float, int]] = []
         with self._request("/generate", payload) as r:
             while True:
-                line = r.readline()
+                try:
+                    line = r.readline()
+                except _BROKEN as e:
+                    raise self._failed(e) from None
                 if not line:
                     break
                 t = time.perf_counter()
@@ -399,8 +424,9 @@ def check_plan(plan: Plan, facts: dict) -> None:
 
 
 def measure(url: str, plan: Plan, vocab: int | None = None, seed: int = 0,
-            log: Callable[[str], None] | None = None) -> tuple[list[Row], dict]:
-    """Run every point; returns the rows and a summary (timing mode, fixed path, vocab)."""
+            log: Callable[[str], None] | None = None, rows: list[Row] | None = None) -> tuple[list[Row], dict]:
+    """Run every point; returns the rows and a summary (timing mode, fixed path, vocab). ``rows``: a list the
+    points are appended to as they are measured (a caller keeps them when the measurement stops early)."""
     log = log or (lambda s: None)
     client = Client(url, plan.timeout_s)
     client.check()
@@ -419,7 +445,7 @@ def measure(url: str, plan: Plan, vocab: int | None = None, seed: int = 0,
     m.warm_up()
     m.calibrate_fixed_path()
     log(f"timing: {m.mode}")
-    rows: list[Row] = []
+    rows = [] if rows is None else rows
     for c in plan.cached:
         for n in plan.prefill_sizes:
             r = m.prefill_point(n, c)

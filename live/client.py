@@ -86,24 +86,30 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
         }
         first = last = -1.0
         meta: dict = {}
-        async with session.post(f"{url}/generate", json=payload,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status != 200:
-                text = (await resp.text())[:200].replace("\n", " ")
-                raise ReplayError(f"request {req.id}: HTTP {resp.status}: {text}")
-            async for line in resp.content:
-                chunk = _parse_chunk(line)
-                if chunk is None:
-                    continue
-                if "error" in chunk:
-                    raise ReplayError(f"request {req.id}: server error: {str(chunk['error'])[:200]}")
-                now = time.monotonic()
-                meta = chunk.get("meta_info", meta)
-                if first < 0 and meta.get("completion_tokens", 0) >= 1:
-                    first = now
-                    if dispatch is not None:
-                        dispatch.first_token(req.id)
-                last = now
+        try:
+            async with session.post(f"{url}/generate", json=payload,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:200].replace("\n", " ")
+                    raise ReplayError(f"request {req.id}: HTTP {resp.status}: {text}")
+                async for line in resp.content:
+                    chunk = _parse_chunk(line)
+                    if chunk is None:
+                        continue
+                    if "error" in chunk:
+                        raise ReplayError(f"request {req.id}: server error: {str(chunk['error'])[:200]}")
+                    now = time.monotonic()
+                    meta = chunk.get("meta_info", meta)
+                    if first < 0 and meta.get("completion_tokens", 0) >= 1:
+                        first = now
+                        if dispatch is not None:
+                            dispatch.first_token(req.id)
+                    last = now
+        except TimeoutError:  # aiohttp's total timeout
+            raise ReplayError(f"request {req.id}: no whole answer from {url} within {timeout:g} s "
+                              "(--request-timeout)") from None
+        except aiohttp.ClientError as e:
+            raise ReplayError(f"request {req.id}: {url}: {type(e).__name__}: {e}".rstrip(": ")) from None
         if first < 0:
             raise ReplayError(f"request {req.id}: the stream ended without a token")
         if int(meta.get("completion_tokens", 0)) != req.output_len:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -283,23 +284,45 @@ class LiveState:
         go to the event log, and with ``iterations`` every batch (:meth:`_batch_record`); the counters file
         is refreshed about twice a second (read if the server dies)."""
         extend = batch.forward_mode.is_extend()
-        if self._events is not None and extend:
-            for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
-                seq = getattr(req, "_prism", None)
-                if seq is None or len(req.output_ids):  # a retracted request's new prefill: its first one counts
-                    continue
-                first = self._starts.setdefault(seq.id, start)
-                if pre + ext >= len(req.origin_input_ids):
-                    del self._starts[seq.id]
-                    self._events.write(json.dumps({"id": seq.id, "prefill_start": first, "prefill_end": end,
-                                                   "lane": seq.lane, "realigned": seq.realigned}) + "\n")
-        if self._events is not None and self.config.iterations:
-            self._events.write(json.dumps(self._batch_record(batch, extend, start, end)) + "\n")
-        if self._events is not None and (extend or self.config.iterations):
-            self._events.flush()
+        try:
+            if self._events is not None and extend:
+                for req, pre, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+                    seq = getattr(req, "_prism", None)
+                    if seq is None or len(req.output_ids):  # a retracted request's new prefill: its first counts
+                        continue
+                    first = self._starts.setdefault(seq.id, start)
+                    if pre + ext >= len(req.origin_input_ids):
+                        del self._starts[seq.id]
+                        self._events.write(json.dumps({"id": seq.id, "prefill_start": first, "prefill_end": end,
+                                                       "lane": seq.lane, "realigned": seq.realigned}) + "\n")
+            if self._events is not None and self.config.iterations:
+                self._events.write(json.dumps(self._batch_record(batch, extend, start, end)) + "\n")
+            if self._events is not None and (extend or self.config.iterations):
+                self._events.flush()
+        except OSError as e:
+            self._stop_events(e)
         if self.counters_path is not None and end - self._saved > 0.5:
-            self.save_counters()
+            try:
+                self.save_counters()
+            except OSError as e:
+                self._stop_file("counters", self.counters_path, e)
+                self.counters_path = None
             self._saved = end
+
+    def _stop_events(self, e: OSError) -> None:
+        """A write to the event log failed (a full disk): the log stops, the server goes on serving (its records
+        then lack what the log carried: prefill start and end are reported at the first token)."""
+        events, self._events = self._events, None
+        self._stop_file("events", self.events_path, e)
+        try:
+            events.close()
+        except OSError:
+            pass
+
+    @staticmethod
+    def _stop_file(what: str, path: Path | None, e: OSError) -> None:
+        print(f"prism plugin: cannot write {path} ({e.strerror or e}): the {what} file stops here; the server "
+              "goes on", file=sys.stderr, flush=True)
 
     def _batch_record(self, batch, extend: bool, start: float, end: float) -> dict[str, Any]:
         """One batch for a timeline (``ev: batch``): its kind, requests, new and cached (prefill) or context
@@ -334,8 +357,11 @@ class LiveState:
             return
         seqs = [(req._prism.id, len(req.output_ids)) for req in retracted if getattr(req, "_prism", None) is not None]
         if seqs:
-            self._events.write(json.dumps({"ev": "retract", "t": time.monotonic(), "ids": [s[0] for s in seqs],
-                                           "generated": [s[1] for s in seqs]}) + "\n")
+            try:
+                self._events.write(json.dumps({"ev": "retract", "t": time.monotonic(), "ids": [s[0] for s in seqs],
+                                               "generated": [s[1] for s in seqs]}) + "\n")
+            except OSError as e:
+                self._stop_events(e)
 
     def log_overrun(self, extend: bool, batch, context: int, budget: float, forward_s: float, lead_s: float) -> None:
         """One line per batch whose real time exceeded its budget (``overruns.jsonl``): the twin was slower
@@ -349,8 +375,12 @@ class LiveState:
             row.update(new_tokens=sum(batch.extend_lens), cached_tokens=sum(batch.prefix_lens))
         else:
             row.update(context_tokens=context)
-        self._overruns.write(json.dumps(row) + "\n")
-        self._overruns.flush()
+        try:
+            self._overruns.write(json.dumps(row) + "\n")
+            self._overruns.flush()
+        except OSError as e:
+            self._stop_file("overruns", Path(self._overruns.name), e)
+            self._overruns = None
 
     def snapshot(self) -> dict[str, Any]:
         out = dict(sorted(self.counters.items()))

@@ -25,7 +25,7 @@ from prism.settings import RunSpec
 from prism.live.client import ClientRecord
 from prism.live.hooks import BACKEND, CONFIG_ENV, NATIVE_SCHEDULERS, PluginConfig
 from prism.live.model import ServedModel
-from prism.live.server import Server, admission_env, flush_cache, http_json, wait_healthy
+from prism.live.server import SERVER_HOST, Server, admission_env, flush_cache, http_json, wait_healthy
 
 
 def device_of(device: str) -> str:
@@ -40,7 +40,7 @@ def server_args(spec: RunSpec, model: ServedModel, port: int, device: str, dtype
     SGLang's server arguments, the method's native scheduling policy (or FCFS under prism's), prism's cache."""
     e = spec.engine
     args = ["--model-path", str(model.path), "--load-format", model.load_format, "--skip-tokenizer-init",
-            "--host", "127.0.0.1", "--port", str(port),
+            "--host", SERVER_HOST, "--port", str(port),
             "--max-total-tokens", str(spec.kv_capacity_of()), "--page-size", str(e.page_size),
             "--chunked-prefill-size", str(e.chunked_prefill_size), "--max-prefill-tokens", str(e.max_prefill_tokens),
             "--max-running-requests", str(e.max_running_requests),
@@ -89,7 +89,7 @@ class ServerInstance:
     def start(cls, index: int, spec: RunSpec, model: ServedModel, folder: Path, port: int, device: str,
               pace: bool, dilation: float, dtype: str = "auto", python: str | None = None,
               iterations: bool = False, segments: Path | None = None) -> "ServerInstance":
-        """Start a server of ``spec``'s run on 127.0.0.1:``port`` with the plugin (it returns at once: see
+        """Start a server of ``spec``'s run on ``SERVER_HOST``:``port`` with the plugin (it returns at once: see
         :meth:`wait_ready`); ``iterations``: its event log records every batch (a timeline's); ``segments``: the
         run's table of requests by rid (behind sglang-router)."""
         plugin = folder / "plugin.json"
@@ -99,7 +99,7 @@ class ServerInstance:
         if device == "cpu":
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         server = Server(server_args(spec, model, port, device, dtype), env, folder / "server.log", python)
-        return cls(index, f"http://127.0.0.1:{port}", folder, server)
+        return cls(index, f"http://{SERVER_HOST}:{port}", folder, server)
 
     @classmethod
     def attach(cls, url: str, folder: Path) -> "ServerInstance":

@@ -32,7 +32,7 @@ from prism.policies.cache_aware import CacheAwareConfig
 from prism.traces.trace import Trace
 
 from prism.live.requests import length_params, segment_meta
-from prism.live.server import Server
+from prism.live.server import SERVER_HOST, Server
 
 REAL_ROUTER = "sglang_router"
 MODULE = "sglang_router.launch_router"
@@ -71,18 +71,18 @@ def router_args(urls: Sequence[str], port: int, cfg: CacheAwareConfig, metrics_p
     if interval != int(interval):
         raise UserError(f"cache_aware.eviction_interval_s={interval}: sglang-router takes whole seconds",
                         "--router sglang_router")
-    return ["--worker-urls", *urls, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+    return ["--worker-urls", *urls, "--policy", "cache_aware", "--host", SERVER_HOST, "--port", str(port),
             "--cache-threshold", repr(cfg.cache_threshold),
             "--balance-abs-threshold", str(cfg.balance_abs_threshold),
             "--balance-rel-threshold", repr(cfg.balance_rel_threshold),
             "--eviction-interval-secs", str(int(interval)), "--max-tree-size", str(cfg.max_tree_size),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warn"]
+            "--prometheus-host", SERVER_HOST, "--prometheus-port", str(metrics_port), "--log-level", "warn"]
 
 
 def free_port() -> int:
     """A port no one listens on now, for the router's metrics exporter."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((SERVER_HOST, 0))
         return s.getsockname()[1]
 
 
@@ -104,7 +104,7 @@ class RealRouter:
 
     def __init__(self, urls: Sequence[str], port: int, cfg: CacheAwareConfig, folder: Path,
                  python: str | None = None) -> None:
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{SERVER_HOST}:{port}"
         self.process = Server(router_args(urls, port, cfg, free_port()), {}, folder / "router.log", python,
                               module=MODULE, name="sglang-router")
 

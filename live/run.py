@@ -41,7 +41,7 @@ from prism.live.dispatch import Dispatcher
 from prism.live.instance import ServerInstance, device_of
 from prism.live.model import resolve_model
 from prism.live.requests import live_requests
-from prism.live.server import admission_env, check_attachable
+from prism.live.server import SERVER_HOST, admission_env, check_attachable, check_port
 
 ENGINE_KIND = "sglang"
 
@@ -89,6 +89,9 @@ def check_cluster(spec: RunSpec, opts: LiveOptions) -> None:
         if opts.port + n > 65535:
             raise UserError(f"--port {opts.port} leaves no room for the router (port --port + {n})")
         check_installed(opts.python)
+    if not opts.url:  # the servers' ports (and the router's): free now, or the run would talk to their holder
+        for port in range(opts.port, opts.port + n + opts.real_router):
+            check_port(SERVER_HOST, port)
 
 
 def instance_dir(out: Path, i: int) -> Path:

@@ -15,7 +15,6 @@ command too), a port in use, a model folder without the tokenizer the chat path 
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from prism.settings import Settings
 from prism.live.hooks import BACKEND, CONFIG_ENV, NATIVE_SCHEDULERS, PluginConfig
 from prism.live.instance import ServerInstance
 from prism.live.model import ServedModel
-from prism.live.server import Server, admission_env, wait_healthy
+from prism.live.server import Server, admission_env, check_port, wait_healthy
 
 #: SGLang arguments that prism sets from its own flags (after ``--`` they would contradict the plugin)
 OWN_ARGS = {"--model-path": "--model", "--model": "--model",
@@ -94,17 +93,6 @@ def check_host(host: str, flag: str = "--host") -> str:
     if not is_host(host):
         raise UserError(f"expected a host name or an IP address, got {host!r}", flag)
     return host
-
-
-def check_port(host: str, port: int) -> None:
-    """A port something already listens on is one line now, not a server that dies after its start-up."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise UserError(f"port {port} on {host} is in use ({e.strerror or e}): pick another with --port",
-                            "--port") from None
 
 
 def tokenizer_folder(model: ServedModel, args: list[str]) -> Path | None:

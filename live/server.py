@@ -12,6 +12,8 @@ then SIGKILL: no orphan process survives a finished, failed or interrupted run.
 from __future__ import annotations
 
 import atexit
+import errno
+import http.client
 import json
 import os
 import signal
@@ -85,8 +87,10 @@ def _unreachable(url: str, error: BaseException) -> str | None:
 
 def wait_healthy(url: str, timeout: float, proc: "Server | None" = None) -> None:
     """Poll ``/health`` until it answers 200; raise with the reason if the process dies or time runs out. A
-    server given by URL (no ``proc``) that refuses the connection, or whose host does not resolve, is one line
-    at once: nothing is starting there (a server prism starts refuses connections until it listens)."""
+    server given by URL (no ``proc``) is one line at once where nothing that waiting could cure answers: it
+    refuses the connection or its host does not resolve (nothing is starting there: a server prism starts
+    refuses connections until it listens), it answers in something other than HTTP, or it answers that it has
+    no ``/health`` (404 and the like: not an SGLang server, which answers 200, or 503 while it starts)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and (why := proc.dead()):
@@ -95,9 +99,17 @@ def wait_healthy(url: str, timeout: float, proc: "Server | None" = None) -> None
             with urllib.request.urlopen(f"{url}/health", timeout=2.0) as r:
                 if r.status == 200:
                     return
+        except urllib.error.HTTPError as e:
+            if proc is None and 400 <= e.code < 500 and e.code not in (408, 429):
+                raise UserError(f"the server at {url} answers HTTP {e.code} to /health: not an SGLang server?",
+                                "--url") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
             if proc is None and (why := _unreachable(url, e)):
                 raise UserError(why, "--url") from None
+        except http.client.HTTPException as e:  # bytes that are not HTTP
+            if proc is None:
+                raise UserError(f"the server at {url} does not answer HTTP ({type(e).__name__}: "
+                                f"{str(e)[:80]!r})", "--url") from None
         time.sleep(0.25)
     raise UserError(f"the server at {url} did not become healthy within {timeout:.0f} s"
                     + (f" (log: {proc.log_path})" if proc else ""))
@@ -113,6 +125,27 @@ def flush_cache(url: str, attempts: int = 20) -> None:
             time.sleep(0.25)
     raise UserError(f"the server at {url} refused /flush_cache")
 
+
+def check_port(host: str, port: int) -> None:
+    """A port something already listens on, or a host that is not an address of this machine, is one line now,
+    not a server that dies after its start-up (or a run that talks to whatever holds the port)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise UserError(f"cannot resolve {host!r}: {e.strerror or e}", "--host") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is in use: pick another with --port", "--port") from None
+            raise UserError(f"cannot listen on {host} ({e.strerror or e}): not an address of this machine",
+                            "--host") from None
+
+
+#: where the servers prism starts listen
+SERVER_HOST = "127.0.0.1"
 
 _RUNNING: set["Server"] = set()  # servers started and not yet stopped, stopped at exit whatever happened
 
@@ -169,17 +202,26 @@ class Server:
         rc = self.proc.poll()
         if rc is None:
             return None
-        return f"the {self.name} exited with status {rc}: {self.last_error()} (log: {self.log_path})"
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else \
+            f"exited with status {rc}"
+        why = self.last_error()
+        return f"the {self.name} {how}" + (f": {why}" if why else "") + f" (log: {self.log_path})"
 
     def last_error(self) -> str:
+        """The exception its log ends with (the line after its last traceback's frames), or '' where the log
+        holds no traceback: a line that merely mentions an error (a start-up warning) says nothing of why the
+        server went, and a server killed by a signal writes nothing."""
         try:
-            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.rstrip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
-            return "no log"
-        for ln in reversed(lines):
-            if "Error" in ln or "error" in ln:
-                return ln[-240:]
-        return lines[-1][-240:] if lines else "no output"
+            return ""
+        starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+        if not starts:
+            return ""
+        for ln in lines[starts[-1] + 1:]:
+            if not ln.startswith((" ", "\t")):  # frames are indented; the exception is not
+                return ln.strip()[-240:]
+        return ""
 
     def stop(self, grace: float = 10.0) -> None:
         with InterruptsHeld():  # a second Ctrl-C or SIGTERM must not cut the stop short

@@ -74,6 +74,12 @@ def exit_status() -> int:
     return 128 + (_received[-1] if _received else signal.SIGINT)
 
 
+def received() -> bool:
+    """Whether a signal came since the command started, one held back by :class:`InterruptsHeld` included: a
+    command whose work then ended anyway must still stop with it (:func:`exit_status`)."""
+    return bool(_received)
+
+
 class InterruptsHeld:
     """Hold Ctrl-C (SIGINT), SIGTERM and SIGHUP back while the block runs: for the short work between a finished
     computation and its files (a run's summary, then ``requests.csv`` and ``summary.json``), or a server's stop,

@@ -7,6 +7,8 @@ column for column and key for key.
 
 from __future__ import annotations
 
+import contextlib
+
 import csv
 import json
 from array import array
@@ -89,6 +91,8 @@ def prepare_run_folder(path: str | Path, flag: str = "--out") -> Path:
     for d in sorted(out.glob("instance-*")):
         if d.is_dir():
             prepare_run_dir(d, SERVER_FILES, flag)
+            with contextlib.suppress(OSError):  # empty now (a cluster's run makes its own again); else kept
+                d.rmdir()
     return out
 
 

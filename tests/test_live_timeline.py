@@ -130,3 +130,28 @@ def test_the_plugin_logs_a_chunked_prefill_once_and_forgets_one_aborted_midway(t
     lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert lines == [{"id": 1, "prefill_start": 1.0, "prefill_end": 2.1, "lane": "hot", "realigned": False}]
     assert state._starts == {}
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (a device whose writes find no space)")
+def test_a_full_disk_stops_the_plugins_logs_not_the_server(tmp_path, capsys):
+    """The plugin writes its event log and counters from inside SGLang's scheduler: a write that finds no space
+    (``/dev/full``) once raised there and killed the server. The log stops with one line on the server's
+    stderr, and the scheduler's calls go on."""
+    from types import SimpleNamespace
+
+    from prism.live import hooks
+
+    state = hooks.LiveState(hooks.PluginConfig("fcfs", "lru", events="/dev/full", counters="/dev/full/counters.json",
+                                               iterations=True))
+    seq = SimpleNamespace(id=1, lane="hot", realigned=False, admitted=False)
+    req = SimpleNamespace(_prism=seq, output_ids=[], origin_input_ids=[0] * 8, full_untruncated_fill_ids=[0] * 8)
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], prefix_lens=[0],
+                            extend_lens=[8])
+    for start in (1.0, 2.0, 3.0):
+        state.log_batch(batch, start, start + 0.6)
+    state.log_retractions([req])
+    err = capsys.readouterr().err
+    assert "cannot write /dev/full (No space left on device): the events file stops here" in err
+    assert "the counters file stops here" in err
+    assert state._events is None and state.counters_path is None
+    assert err.count("stops here") == 2  # once each, not at every batch

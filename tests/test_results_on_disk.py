@@ -604,6 +604,9 @@ def test_a_run_folder_holds_one_run_of_either_engine(tmp_path, capsys):
     assert sim_main(_sim(out)) == 0
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert left == ["instance-0/keep.txt", "instance-1/keep.txt", "keep.txt", "requests.csv", "summary.json"]
+    (out / "instance-1" / "keep.txt").unlink()  # a cluster's folder with nothing of the user's goes whole
+    assert sim_main(_sim(out)) == 0
+    assert (out / "instance-0").is_dir() and not (out / "instance-1").exists()
 
 
 @settings(max_examples=3000, deadline=None)

@@ -14,6 +14,7 @@ from prism.calibration import profiles
 from prism.calibration.cost_model import DEFAULT_PROFILE, CostModel, Efficiency, load_profile, profile_from, roofline
 from prism.cli.common import entry_point, Parser, table
 from prism.errors import UserError
+from prism.interrupts import InterruptsHeld, exit_status, received
 from prism.output import check_out_file, write_atomic_text
 
 GIB = 1 << 30
@@ -175,7 +176,7 @@ def do_fit(args) -> None:
     print(f"wrote {out} and {plot}; use it with: prism-sim --profile {out}")
 
 
-def do_measure(args) -> None:
+def do_measure(args) -> int:
     plan = measuring.Plan(
         prefill_sizes=measuring.parse_sizes(args.prefill_sizes, "--prefill-sizes", 1),
         cached=measuring.parse_sizes(args.cached, "--cached", 0),
@@ -193,8 +194,23 @@ def do_measure(args) -> None:
     measuring.check_plan(plan, {})
     check_out_file(args.out, "-o")  # before minutes of measuring
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    rows, summary = measuring.measure(args.url, plan, args.vocab, args.seed, log)
-    out = measuring.write_rows(rows, args.out)
+    rows: list = []
+    try:
+        rows, summary = measuring.measure(args.url, plan, args.vocab, args.seed, log, rows)
+    except (KeyboardInterrupt, measuring.ServerLost) as e:
+        lost = isinstance(e, measuring.ServerLost)
+        with InterruptsHeld():
+            kept = (f"the {len(rows)} points measured are in {measuring.write_rows(rows, args.out)} (fit them "
+                    f"with: prism-calibrate fit {args.out} -o PROFILE.yaml)" if rows else "no point was measured: "
+                    "nothing written")
+        print(f"prism-calibrate: {e if lost else 'interrupted'}; {kept}", file=sys.stderr)
+        return 1 if lost else exit_status()
+    with InterruptsHeld():
+        out = measuring.write_rows(rows, args.out)
+    if received():
+        print(f"prism-calibrate: interrupted after the last point; the {len(rows)} points are in {out}",
+              file=sys.stderr)
+        return exit_status()
     print(table([[r.kind, r.batch_size, "" if r.new_tokens is None else r.new_tokens,
                   "" if r.cached_tokens is None else r.cached_tokens,
                   "" if r.context_tokens is None else r.context_tokens, f"{r.seconds * 1e3:.3f}",
@@ -204,6 +220,7 @@ def do_measure(args) -> None:
            f"latency − fixed path {summary['fixed_path_s'] * 1e3:.2f} ms")
     print(f"prefill timing: {how}; vocab {summary['vocab']} ({summary['vocab_source']})")
     print(f"wrote {len(rows)} rows to {out}; fit with: prism-calibrate fit {out} -o PROFILE.yaml")
+    return 0
 
 
 @entry_point("prism-calibrate")
@@ -214,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "fit":
         do_fit(args)
     elif args.cmd == "measure":
-        do_measure(args)
+        return do_measure(args)
     else:
         if not 6 <= args.rows <= fitting.MAX_ROWS:
             raise UserError(f"--rows must be in 6..{fitting.MAX_ROWS}, got {args.rows}")

@@ -13,7 +13,7 @@ from prism.calibration.measure import check_url
 from prism.cli.common import entry_point, Parser, table
 from prism.cli.run_flags import add_run_flags, add_timeline_flag, out_dir, spec_from_args
 from prism.errors import UserError
-from prism.interrupts import exit_status
+from prism.interrupts import exit_status, received
 from prism.output import check_out_dir
 from prism.policies.registry import ROUTERS
 from prism.timeline import read_meta, timeline_note, timeline_path
@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism-live: interrupted; {partial_results(out)}", file=sys.stderr)
         return exit_status()
     bar.close()
+    if received():  # held while the servers stopped or the files were written: they are whole, and it still stops
+        print(f"prism-live: interrupted after the run finished; results in {out / 'requests.csv'} and "
+              f"{out / 'summary.json'} (complete: true)", file=sys.stderr)
+        return exit_status()
     print(table([summary_row(s)], ROW))
     if "cluster" in s:
         from prism.cli.sim import cluster_table

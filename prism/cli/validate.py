@@ -17,8 +17,9 @@ from pathlib import Path
 
 from prism.cli.common import (add_no_progress_flag, add_set_flag, add_trace_flag, comma_list, entry_point, parse_rates,
                               Parser, table)
-from prism.cli.live import add_live_flags, apply_pace_profile, check_server, options
+from prism.cli.live import add_live_flags, apply_pace_profile, check_server, options, partial_results
 from prism.errors import UserError
+from prism.interrupts import InterruptsHeld, exit_status, received
 from prism.metrics import read_requests_csv, write_json
 from prism.output import check_out_dir, check_out_file, prepare_out_dir, save_figure, write_csv
 from prism.settings import check_knobs_used, for_method, merge_flags, read_config, settings_from
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         check_out_file(check_out_dir(args.out, "--out") / name, "--out")
     check_server(opts)  # before the simulator's results are written
     out = prepare_out_dir(args.out, "--out")
+    clear_earlier(out)
     from prism.live.run import ReplayError, live_run
     from prism.sim.run import simulate
     from prism.sim.timeline import SimTimeline
@@ -165,30 +167,67 @@ def main(argv: list[str] | None = None) -> int:
     rows, ttfts = [], {}
     for spec in specs:
         where = out / spec.label / f"qps{spec.qps:g}"
-        events = SimTimeline(_mk(where / "sim") / TIMELINE_FILE, spec) if args.timeline else None
-        result = simulate(spec, events=events)
-        sim = result.summary
-        write_json(sim, _mk(where / "sim") / "summary.json")
-        if events is not None:
-            events.close(sim)
         try:
+            events = SimTimeline(_mk(where / "sim") / TIMELINE_FILE, spec) if args.timeline else None
+            result = simulate(spec, events=events)
+            sim = result.summary
+            write_json(sim, _mk(where / "sim") / "summary.json")
+            if events is not None:
+                events.close(sim)
             live = live_run(spec, opts, where / "live", timeline=where / "live" / TIMELINE_FILE if args.timeline
                             else None)
-        except ReplayError as e:
-            print(f"prism-live validate: live run {spec.label} at {spec.qps:g} QPS broke off: {e}", file=sys.stderr)
-            return 1
+        except (ReplayError, KeyboardInterrupt) as e:
+            with InterruptsHeld():
+                written = write_rows(out, rows, ttfts) if rows else None
+            how = "broke off" if isinstance(e, ReplayError) else "was interrupted"
+            print(f"prism-live validate: run {spec.label} at {spec.qps:g} QPS {how}"
+                  + (f" ({e})" if isinstance(e, ReplayError) else "") + f"; {partial_results(where / 'live')}; "
+                  + (f"the {len(rows)} of {len(specs)} runs that finished are in {written}" if rows else
+                     f"none of the {len(specs)} runs had finished"), file=sys.stderr)
+            return 1 if isinstance(e, ReplayError) else exit_status()
         rows.append(compare(spec.label, spec.qps, sim, live))
         ttfts[(spec.label, spec.qps)] = ([r.ttft for r in result.records],
                                          [r.ttft for r in read_requests_csv(where / "live" / "requests.csv")])
         print(table([rows[-1]], COLUMNS), flush=True)
-    write_csv(out / "validate.csv", COLUMNS, rows)
-    write_json([dict(zip(COLUMNS, r)) for r in rows], out / "validate.json")
-    plot(rows, ttfts, out / "validate.png")
+    with InterruptsHeld():
+        write_rows(out, rows, ttfts)
+    if received():
+        print(f"prism-live validate: interrupted after its last run; every run's results are in "
+              f"{out / 'validate.csv'} (complete)", file=sys.stderr)
+        return exit_status()
     print(table(rows, COLUMNS))
     print(f"target: hit within {HIT_POINTS * 100:.0f} points, P50 and P99 TTFT within {TTFT_REL:.0%}; "
           f"wrote {out / 'validate.csv'}, validate.json and validate.png"
           + ("; each run's sim/ and live/ folders hold its timeline.json" if args.timeline else ""))
     return 0
+
+
+#: the files of a validation's folder, beside a folder per method and QPS
+VALIDATE_FILES = ("validate.csv", "validate.json", "validate.png")
+
+
+def write_rows(out: Path, rows: list[list], ttfts: dict) -> Path:
+    """The comparison of the runs that finished: table, JSON and picture."""
+    write_csv(out / "validate.csv", COLUMNS, rows)
+    write_json([dict(zip(COLUMNS, r)) for r in rows], out / "validate.json")
+    plot(rows, ttfts, out / "validate.png")
+    return out / "validate.csv"
+
+
+def clear_earlier(out: Path) -> None:
+    """An earlier validation's files in ``out`` go before this one writes: its table, and each of its method
+    and QPS folders (METHOD/qpsQ holding sim/ or live/), so that no run of another set is left beside this one's
+    table. Nothing else in the folder is touched."""
+    import shutil
+
+    for name in VALIDATE_FILES:
+        (out / name).unlink(missing_ok=True)
+    for method in [d for d in out.iterdir() if d.is_dir() and not d.is_symlink()]:
+        runs = [q for q in method.glob("qps*") if q.is_dir() and ((q / "sim").is_dir() or (q / "live").is_dir())]
+        for q in runs:
+            shutil.rmtree(q)
+        if runs and not any(method.iterdir()):
+            method.rmdir()
 
 
 def _mk(p: Path) -> Path:
