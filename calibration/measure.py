@@ -359,7 +359,7 @@ class Measurer:
             t.join()
         real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
         if real:
-            raise real[0] if isinstance(real[0], UserError) else UserError(f"decode B={batch}: {real[0]}")
+            raise real[0] if isinstance(real[0], (UserError, ServerLost)) else UserError(f"decode B={batch}: {real[0]}")
         got = decode_step([r or [] for r in results])
         if got is None:
             raise UserError(f"decode B={batch}: too few chunks while all {batch} requests were decoding "

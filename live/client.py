@@ -105,7 +105,7 @@ async def _one(session, url: str, req: LiveRequest, t0: float, dilation: float, 
                         if dispatch is not None:
                             dispatch.first_token(req.id)
                     last = now
-        except TimeoutError:  # aiohttp's total timeout
+        except (TimeoutError, asyncio.TimeoutError):  # aiohttp's total timeout (one class from Python 3.11)
             raise ReplayError(f"request {req.id}: no whole answer from {url} within {timeout:g} s "
                               "(--request-timeout)") from None
         except aiohttp.ClientError as e:

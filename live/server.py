@@ -140,8 +140,10 @@ def check_port(host: str, port: int) -> None:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise UserError(f"port {port} on {host} is in use: pick another with --port", "--port") from None
-            raise UserError(f"cannot listen on {host} ({e.strerror or e}): not an address of this machine",
-                            "--host") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise UserError(f"cannot listen on {host} ({e.strerror}): not an address of this machine",
+                                "--host") from None
+            raise UserError(f"cannot listen on {host} port {port} ({e.strerror or e})", "--port") from None
 
 
 #: where the servers prism starts listen
@@ -202,8 +204,12 @@ class Server:
         rc = self.proc.poll()
         if rc is None:
             return None
-        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else \
-            f"exited with status {rc}"
+        how = f"exited with status {rc}"
+        if rc < 0:
+            try:
+                how = f"was killed by {signal.Signals(-rc).name}"
+            except ValueError:  # a real-time signal: no name
+                how = f"was killed by signal {-rc}"
         why = self.last_error()
         return f"the {self.name} {how}" + (f": {why}" if why else "") + f" (log: {self.log_path})"
 
@@ -215,7 +221,9 @@ class Server:
             lines = [ln.rstrip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return ""
-        starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+        # SGLang logs a crashed process's traceback inside a line of its own ("[time TP0] Scheduler hit an
+        # exception: Traceback (most recent call last):"), its frames and exception on the lines after
+        starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
         if not starts:
             return ""
         for ln in lines[starts[-1] + 1:]:

@@ -292,7 +292,8 @@ class CompiledQAS(QAS):
         self.table = RequestTable()
         self._next_rows = _NO_ROWS  # the predicted next batch's rows
         self._planned: _Planned | None = None  # the last plan, until its dispatch
-        self._last_round: tuple[Sequence[WaitingRequest], Round] | None = None  # the queue it ordered, the result
+        # the queue it ordered, the result, the a(r) it read
+        self._last_round: tuple[Sequence[WaitingRequest], Round | _One, np.ndarray] | None = None
         self._published = np.zeros(64)  # the last published P̂, by segment index (zeros past the segments in use)
         # the kernels' own entries per segment, kept between rounds, written and read at a round's segments only
         # (qas_round.plan_round): P(r; ∅), and each segment's place among the round's
@@ -463,8 +464,7 @@ class CompiledQAS(QAS):
         lead = 0 if r.fixed_order or m < 2 else min(cfg.f_front, m)
         align = {}
         if lead:
-            w_a, w_g = self.params.w_a, self.params.w_g
-            base = {s: w_a * float(a[s]) + w_g * c for s, c in counts.items()}
+            base = {s: self._p0(a, s, c) for s, c in counts.items()}
             top = sorted(range(m), key=lambda j: (-base[reusable[j]], reusable[j], j))[:lead]
             aligned = [reusable[j] for j in top] + [s for j, s in enumerate(reusable) if j not in top]
             if aligned != reusable:
@@ -498,8 +498,7 @@ class CompiledQAS(QAS):
                 return
             rows = self.table.rows(planned.order)  # registered now: the kernel's dispatch reads its row
             touched = np.fromiter(one.segments, np.int64, len(one.segments))
-            w_a, w_g = self.params.w_a, self.params.w_g
-            base = np.array([w_a * float(planned.active[s]) + w_g * c for s, c in one.segments.items()])
+            base = np.array([self._p0(planned.active, s, c) for s, c in one.segments.items()])
             planned, self._k = planned._replace(order_rows=rows, touched=touched, base=base), self._kernels(1)
         elif whole and self.small_rounds_in_python:
             if self._publish_changes(self._segment_counts(planned.order_rows), planned.active, planned.hinted, ctx):
@@ -549,8 +548,8 @@ class CompiledQAS(QAS):
         publishing only the segments whose P̂ may have changed since the last publication: the queue's
         (``counts``: their occurrences, g = n), those the last publication gave a queue or batch term, and those
         whose a(r) changed or that were first seen since (``_active`` notes both). P̂ = (w_a·a + w_g·g) + w_n·n,
-        added as the kernel adds it, ``active`` the a(r) the round read. False where that set is unknown (the
-        last publication was a long queue's, or a(r) was read afresh): the kernel publishes."""
+        added as the kernel adds it, ``active`` the a(r) the round read. False where that set is unknown (no
+        publication yet, or a(r) was read afresh): the kernel publishes."""
         hints, table = ctx.hints, self.table
         if hints is None:
             self._next_rows = _NO_ROWS
@@ -558,7 +557,7 @@ class CompiledQAS(QAS):
             return True
         if not hinted or self._a_moved is None or self._pub_terms is None:
             return False
-        w_a, w_n, w_g = self.params.w_a, self.params.w_n, self.params.w_g
+        w_n = self.params.w_n
         names, n_segments, n_round = table.segment_names, len(table.segment_names), len(active)
         published = self._published
         if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
@@ -569,7 +568,7 @@ class CompiledQAS(QAS):
         for s in sorted(maybe):
             if s < n_round:
                 c = counts.get(s, 0)
-                new = (w_a * float(active[s]) + w_g * c) + w_n * c
+                new = self._p0(active, s, c) + w_n * c
             else:  # first seen after the round: no base, and not in its queue
                 new = 0.0
             was = float(published[s])
@@ -587,6 +586,11 @@ class CompiledQAS(QAS):
         table.expect((), _NO_ROWS)
         hints.publish(out, fell)
         return True
+
+    def _p0(self, active: np.ndarray, s: int, occurrences: int) -> float:
+        """P(r; ∅) = w_a·a + w_g·g of segment ``s``, as the kernels compute it (``active``: a(r) by index; g its
+        occurrences in the queue), for the rounds and publications made in Python."""
+        return self.params.w_a * float(active[s]) + self.params.w_g * occurrences
 
     def _publish(self, hints: DemandHints, dispatched) -> None:
         """Publish P̂ (segments with P̂ > 0). One dict is kept up to date: only the segments whose P̂ changed

@@ -25,7 +25,8 @@ engine's iterations, with its work in the caches, a call costs 35-60 us either w
 requests 110-250 us).
 
 Choices. The FIFO order and the buckets come from counting sorts (age keys and bucket numbers are small
-dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment, the lanes
+dense integers for an engine's queue), distinct (bucket, segment) pairs from a marker per segment of the round
+(by its place among the round's: :func:`_place`), the lanes
 are read off the buckets in score order, and a request's top-kappa segments from kappa passes over the
 queue, each picking every request's next best segment with a plain scan of its row (a handful of segments;
 such a scan compiles to tight code where an insertion sort per request branches on every comparison). No
@@ -275,7 +276,8 @@ def _counting_sort(key, n_keys, members):
 @kernel
 def _bucket_keys(signatures, n_segments):
     """A key per request, equal for equal signature rows (keys < number of requests). Refines a partition
-    column by column: (key so far, segment in this column) -> new key, with a marker per segment; each
+    column by column: (key so far, segment in this column) -> new key, with a marker per segment (numbered
+    below ``n_segments``: a round passes each segment's place among its own); each
     key's requests are visited together, so a marker tells whether it has seen a segment."""
     n, kappa = signatures.shape
     key = np.zeros(n, np.int64)

@@ -99,6 +99,20 @@ def test_a_port_in_use_and_a_host_that_is_not_this_machines_name_their_flag():
     assert e.value.where == "--host"
 
 
+def test_a_port_this_user_may_not_take_names_the_port(monkeypatch):
+    """Any bind failure but "in use" blamed --host ("not an address of this machine"), which prism-live lacks:
+    a port below 1024 for a user who is not root is the port's problem."""
+    import errno
+
+    def refuse(self, address):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(UserError, match=r"cannot listen on 127.0.0.1 port 80 \(Permission denied\)") as e:
+        check_port("127.0.0.1", 80)
+    assert e.value.where == "--port"
+
+
 def test_a_run_refuses_a_port_in_use_before_anything_starts(tmp_path, capsys):
     """prism-live (a run) did not check its ports: it talked to whatever held one (a wrong "plugin not active"
     line, or 135 s and an HTML fragment)."""
@@ -126,6 +140,12 @@ def test_a_dead_servers_line_gives_its_exception_or_its_signal_not_a_warning(tmp
     server.log_path.write_text("[t] ready\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
                                "    g()\nRuntimeError: CUDA out of memory\n[t] shutting down\n")
     assert server.last_error() == "RuntimeError: CUDA out of memory"
+    # SGLang's own: a crashed process logs its traceback inside one of its lines (scheduler.py's logger.error)
+    server.log_path.write_text("[2026-12-05 18:52:01 TP0] Scheduler hit an exception: Traceback (most recent call "
+                               "last):\n  File \"scheduler.py\", line 9, in run\n    self.step()\n"
+                               "torch.OutOfMemoryError: CUDA out of memory\n[2026-12-05 18:52:01] Received sigquit "
+                               "from a child process. It usually means the child failed.\n")
+    assert server.last_error() == "torch.OutOfMemoryError: CUDA out of memory"
 
 
 @pytest.fixture
@@ -136,17 +156,17 @@ def fake_live(monkeypatch):
     from prism import metrics
     from prism.sim.run import simulate
 
-    calls = {"n": 0, "stop_at": None, "held": False}
+    calls = {"n": 0, "stop_at": None, "held": False, "raise": KeyboardInterrupt}
 
     def live_run(spec, opts, out, progress=None, timeline=None):
         calls["n"] += 1
         if calls["n"] == calls["stop_at"]:
-            raise KeyboardInterrupt
+            raise calls["raise"]
         res = simulate(spec)
         out = metrics.prepare_run_folder(out)
         metrics.write_requests_csv(res.records, out / "requests.csv")
         metrics.write_json(res.summary, out / "summary.json")
-        if calls["held"]:
+        if calls["held"] is True or calls["held"] == calls["n"]:
             with InterruptsHeld():
                 os.kill(os.getpid(), signal.SIGINT)
         return res.summary
@@ -204,6 +224,44 @@ def test_an_interrupted_validation_keeps_the_runs_that_finished_and_says_where(t
     assert "run sglang at 20 QPS was interrupted" in err[0] and f"are in {v / 'validate.csv'}" in err[0]
     assert (v / "validate.csv").read_text().splitlines()[1].startswith("fcfs,")
     assert len((v / "validate.csv").read_text().splitlines()) == 2 and not (v / "klpm").exists()
+
+
+def test_a_signal_held_as_a_validation_run_ends_stops_the_validation_there(tmp_path, capsys, fake_live):
+    """It was checked once, after every remaining run (hours, on a GPU), and then said "after its last run"."""
+    fake_live["held"] = 1
+    code = validate(tmp_path, "fcfs,sglang")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and fake_live["n"] == 1 and len(err) == 1, err
+    assert "interrupted after run fcfs at 20 QPS; the 1 of 2 runs that finished are in" in err[0]
+    assert len((tmp_path / "v" / "validate.csv").read_text().splitlines()) == 2
+
+
+def test_a_server_that_dies_starting_keeps_the_validations_finished_runs(tmp_path, capsys, fake_live):
+    """A server that died at start-up (a UserError from the run) lost the rows of the runs before it, after
+    the earlier table had been removed."""
+    fake_live["stop_at"], fake_live["raise"] = 2, UserError("the SGLang server exited with status 1: OOM")
+    code = validate(tmp_path, "fcfs,sglang")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "run sglang at 20 QPS: the SGLang server exited with status 1: OOM; the 1 of 2 runs that" in err[0]
+    assert (tmp_path / "v" / "validate.csv").read_text().splitlines()[1].startswith("fcfs,")
+
+
+def test_a_server_lost_during_a_decode_point_stays_lost():
+    """A decode point's streams run in threads; a lost server there was turned into bad input (exit 2, nothing
+    written) on its way back."""
+    from prism.calibration import measure as measuring
+
+    class Gone:
+        def flush(self):
+            pass
+
+        def stream(self, *a, **k):
+            raise measuring.ServerLost("the server at http://x stopped answering (ConnectionResetError: reset)")
+
+    m = measuring.Measurer(Gone(), measuring.Plan(decode_steps=4), vocab=measuring.FIRST_ID + 1000)
+    with pytest.raises(measuring.ServerLost):
+        m.decode_once(2, 8)
 
 
 @pytest.mark.parametrize("stop", ["lost", "interrupted"])

@@ -133,16 +133,21 @@ def test_the_plugin_logs_a_chunked_prefill_once_and_forgets_one_aborted_midway(t
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (a device whose writes find no space)")
-def test_a_full_disk_stops_the_plugins_logs_not_the_server(tmp_path, capsys):
+def test_a_full_disk_stops_the_plugins_logs_not_the_server(tmp_path, capsys, monkeypatch):
     """The plugin writes its event log and counters from inside SGLang's scheduler: a write that finds no space
-    (``/dev/full``) once raised there and killed the server. The log stops with one line on the server's
-    stderr, and the scheduler's calls go on."""
+    (the event log on ``/dev/full``; the counters' atomic write made to fail so) once raised there and killed
+    the server. Each file stops with one line on the server's stderr, and the scheduler's calls go on."""
+    import errno
     from types import SimpleNamespace
 
     from prism.live import hooks
 
-    state = hooks.LiveState(hooks.PluginConfig("fcfs", "lru", events="/dev/full", counters="/dev/full/counters.json",
-                                               iterations=True))
+    def no_space(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hooks, "write_atomic_text", no_space)
+    state = hooks.LiveState(hooks.PluginConfig("fcfs", "lru", events="/dev/full",
+                                               counters=str(tmp_path / "counters.json"), iterations=True))
     seq = SimpleNamespace(id=1, lane="hot", realigned=False, admitted=False)
     req = SimpleNamespace(_prism=seq, output_ids=[], origin_input_ids=[0] * 8, full_untruncated_fill_ids=[0] * 8)
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], prefix_lens=[0],
@@ -152,6 +157,6 @@ def test_a_full_disk_stops_the_plugins_logs_not_the_server(tmp_path, capsys):
     state.log_retractions([req])
     err = capsys.readouterr().err
     assert "cannot write /dev/full (No space left on device): the events file stops here" in err
-    assert "the counters file stops here" in err
+    assert f"cannot write {tmp_path / 'counters.json'} (No space left on device): the counters file stops" in err
     assert state._events is None and state.counters_path is None
     assert err.count("stops here") == 2  # once each, not at every batch

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayError as e:
         bar.close()
         print(f"prism-live: run broke off: {e}; {partial_results(out)}", file=sys.stderr)
-        return 1
+        return exit_status() if received() else 1  # a signal held while it stopped: the user's stop wins
     except KeyboardInterrupt:
         bar.close()
         print(f"prism-live: interrupted; {partial_results(out)}", file=sys.stderr)

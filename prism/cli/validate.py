@@ -165,7 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     from prism.timeline import TIMELINE_FILE
 
     rows, ttfts = [], {}
+
+    def keep() -> str:
+        """The finished runs' comparison, written; what a line that stops the validation says of it."""
+        if not rows:
+            return f"none of the {len(specs)} runs had finished"
+        with InterruptsHeld():
+            written = write_rows(out, rows, ttfts)
+        return f"the {len(rows)} of {len(specs)} runs that finished are in {written}"
+
     for spec in specs:
+        run = f"run {spec.label} at {spec.qps:g} QPS"
         where = out / spec.label / f"qps{spec.qps:g}"
         try:
             events = SimTimeline(_mk(where / "sim") / TIMELINE_FILE, spec) if args.timeline else None
@@ -176,22 +186,26 @@ def main(argv: list[str] | None = None) -> int:
                 events.close(sim)
             live = live_run(spec, opts, where / "live", timeline=where / "live" / TIMELINE_FILE if args.timeline
                             else None)
-        except (ReplayError, KeyboardInterrupt) as e:
-            with InterruptsHeld():
-                written = write_rows(out, rows, ttfts) if rows else None
-            how = "broke off" if isinstance(e, ReplayError) else "was interrupted"
-            print(f"prism-live validate: run {spec.label} at {spec.qps:g} QPS {how}"
-                  + (f" ({e})" if isinstance(e, ReplayError) else "") + f"; {partial_results(where / 'live')}; "
-                  + (f"the {len(rows)} of {len(specs)} runs that finished are in {written}" if rows else
-                     f"none of the {len(specs)} runs had finished"), file=sys.stderr)
-            return 1 if isinstance(e, ReplayError) else exit_status()
+        except ReplayError as e:
+            print(f"prism-live validate: {run} broke off ({e}); {partial_results(where / 'live')}; {keep()}",
+                  file=sys.stderr)
+            return exit_status() if received() else 1
+        except KeyboardInterrupt:
+            print(f"prism-live validate: {run} was interrupted; {partial_results(where / 'live')}; {keep()}",
+                  file=sys.stderr)
+            return exit_status()
+        except UserError as e:  # a server that died starting, say: its line, and the finished runs kept
+            raise UserError(f"{run}: {e}; {keep()}") from None
         rows.append(compare(spec.label, spec.qps, sim, live))
         ttfts[(spec.label, spec.qps)] = ([r.ttft for r in result.records],
                                          [r.ttft for r in read_requests_csv(where / "live" / "requests.csv")])
         print(table([rows[-1]], COLUMNS), flush=True)
+        if received():  # held while this run's servers stopped: it finished whole, and the validation stops here
+            print(f"prism-live validate: interrupted after {run}; {keep()}", file=sys.stderr)
+            return exit_status()
     with InterruptsHeld():
         write_rows(out, rows, ttfts)
-    if received():
+    if received():  # held while the table was written: it is whole
         print(f"prism-live validate: interrupted after its last run; every run's results are in "
               f"{out / 'validate.csv'} (complete)", file=sys.stderr)
         return exit_status()
