@@ -42,6 +42,19 @@ def req(rid: int, t: float, skeleton: tuple[str, ...]) -> Req:
     return Req(rid, t, segs)
 
 
+def between_rounds(hint_sets, running: list, joining, finished) -> None:
+    """An engine's bookkeeping between rounds: the ``joining`` requests enter a(r) of each of ``hint_sets``, and
+    the running ones that have ``finished(r)`` leave it."""
+    for r in joining:
+        for h in hint_sets:
+            h.admit([s.id for s in r.segments if s.kind != PRIV])
+    running += joining
+    for r in [r for r in running if finished(r)]:
+        for h in hint_sets:
+            h.release([s.id for s in r.segments if s.kind != PRIV])
+        running.remove(r)
+
+
 class NoCache:
     def match_len(self, key: bytes) -> int:
         return 0
@@ -271,14 +284,7 @@ def test_small_rounds_in_python_are_the_kernels_rounds(steps, f, q_cold, hint, w
         waiting = [r for r in plan.order if r.id not in gone]
         # a front end's engine admits what it was handed at its next iteration, maybe after another arrival's round
         joining, late = (late, list(admitted)) if front_end else (list(admitted), [])
-        for r in joining:
-            for h in (hints_f, hints_k):
-                h.admit([s.id for s in r.segments if s.kind != PRIV])
-        running += joining
-        for r in [r for r in running if finish[(r.id + k) % 64]]:
-            for h in (hints_f, hints_k):
-                h.release([s.id for s in r.segments if s.kind != PRIV])
-            running.remove(r)
+        between_rounds((hints_f, hints_k), running, joining, lambda r: finish[(r.id + k) % 64])
     assert fast.stats() == kern.stats()
 
 
@@ -335,14 +341,7 @@ def test_a_round_reads_no_segment_outside_its_queue(steps, hint, kappa, finish):
         assert fast.next_counter == +plain.next_counter
         gone = {r.id for r in admitted}
         waiting = [r for r in plan.order if r.id not in gone]
-        for r in admitted:
-            for h in (hints, plain_hints):
-                h.admit([s.id for s in r.segments if s.kind != PRIV])
-        running += admitted
-        for r in [r for r in running if finish[(r.id + k) % 64]]:
-            for h in (hints, plain_hints):
-                h.release([s.id for s in r.segments if s.kind != PRIV])
-            running.remove(r)
+        between_rounds((hints, plain_hints), running, admitted, lambda r: finish[(r.id + k) % 64])
 
 
 def test_a_request_taken_outside_the_round_loses_its_batch_term_next_round():
