@@ -105,6 +105,9 @@ class SharingScheme(Policy):
     elastic = True  # KV pages on demand under a balloon limit; False: each model keeps a fixed pool
     engine_pool = True  # an activation takes a pre-initialized engine (no engine start)
     parallel_links = 1  # host links one weight load uses at once (0: every GPU of the node, over NVLink)
+    #: it reads each model's measured token rate (``ModelView.token_rate``): the fleet counts every iteration's
+    #: tokens only for a scheme that does (a rate entry an iteration costs a shared fleet's run about 10%)
+    measures_rates = False
 
     def __init__(self, knobs=None) -> None:
         self.knobs = knobs

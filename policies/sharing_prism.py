@@ -57,6 +57,7 @@ def _load(m: ModelView, current: bool = True) -> ModelLoad:
 
 
 class PrismSharing(SharingScheme):
+    measures_rates = True  # Algorithm 1's KVPR
     name = "prism"
     Knobs = PrismSharingConfig
 

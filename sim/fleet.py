@@ -268,7 +268,8 @@ class Copy:
         q = self.gpus[0].queue
         if seq.id in q:
             q.remove(seq.id)
-        self.model.rate.add(self.fleet.env.now, seq.fill_len - seq.kv_len)
+        if self.model.rate is not None:
+            self.model.rate.add(self.fleet.env.now, seq.fill_len - seq.kv_len)
 
     def idle(self) -> bool:
         e = self.engine
@@ -308,7 +309,8 @@ class ModelServer:
         self.min_kv_bytes = self.layout.pages(self.min_kv_tokens) * PAGE_BYTES * self.tp  # whole blocks
         self.copies: list[Copy] = []
         self.pending: list[Seq] = []
-        self.rate = TokenRate(window_s)
+        # the tokens it adds to its KV over the window, where the scheme reads them (SharingScheme.measures_rates)
+        self.rate = TokenRate(window_s) if fleet.scheme.measures_rates else None
         self.last_active = -math.inf
         self.running = 0  # requests sent to its copies and not finished
 
@@ -323,6 +325,9 @@ class ModelServer:
 
     @property
     def token_rate(self) -> float:
+        if self.rate is None:
+            raise RuntimeError(f"the {self.fleet.scheme.name} scheme reads token rates: it must say so "
+                               "(SharingScheme.measures_rates)")
         return self.rate.rate(self.fleet.env.now)
 
     @property
@@ -579,7 +584,8 @@ class Fleet:
                         host=host, on_admit=copy.admitted, scheduler=scheduler, capacity=m.pool_tokens,
                         name=f"{m.name} on GPU {copy.gpu_label}")
         copy.instance, copy.engine = inst, inst.engine
-        inst.engine.on_tokens = m.rate.add  # the tokens its iterations sample: decode tokens, whose KV comes next
+        if m.rate is not None:  # the tokens its iterations sample: decode tokens, whose KV comes next
+            inst.engine.on_tokens = m.rate.add
         if m.elastic:
             inst.engine.capacity = inst.engine.cache.capacity = 0  # refreshed from its pools before each iteration
             inst.engine.shared_pool = True

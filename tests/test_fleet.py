@@ -244,6 +244,24 @@ def test_a_models_token_rate_counts_its_decode_tokens_as_they_are_made():
     assert len(res.records) == 12 and audit.checks > 1000
 
 
+def test_a_scheme_that_reads_token_rates_must_say_so(monkeypatch):
+    """The fleet counts each iteration's tokens only for a scheme that reads the rates (measures_rates): one that
+    reads them without saying so is told, never handed a rate of zero."""
+    from prism.policies.sharing_timeshare import TimeShare
+
+    class Reads(TimeShare):
+        def start(self, fleet):
+            [m.token_rate for m in fleet.models.values()]
+            return super().start(fleet)
+
+    monkeypatch.setattr("prism.sim.fleet.make_sharing", lambda name, configs: Reads(configs.get("timeshare")))
+    trace = multi_trace([(0.0, "a", 100, 4)], [("a", "llama-3.1-8b")])
+    with pytest.raises(RuntimeError, match="reads token rates: it must say so"):
+        simulate(fleet_run(trace, "timeshare", 1))
+    Reads.measures_rates = True
+    assert len(simulate(fleet_run(trace, "timeshare", 1)).records) == 1
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=fleets())
 def test_fleet_invariants(spec):
