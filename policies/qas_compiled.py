@@ -338,7 +338,7 @@ class CompiledQAS(QAS):
             rnd = Round(*INTERPRETED.plan_round(tuple(prompts), self._kernel_params, one_row, one_row, active,
                                                 hint, np.array([arrival]), now, wait, n_align, np.zeros(size),
                                                 np.full(size, -1, dtype=np.int64)))
-        base = self.params.w_a * active + self.params.w_g * 0.0  # P(r; ∅) of a segment not in the queue
+        base = np.array([self._p0(active, s, 0) for s in range(len(active))])  # of a segment not in the queue
         base[rnd.touched] = rnd.base
         names = self.table.segment_names
         return {"priority": {names[i]: float(base[i]) for i in np.flatnonzero(base)},  # P(r; ∅)

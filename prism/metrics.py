@@ -8,7 +8,6 @@ column for column and key for key.
 from __future__ import annotations
 
 import contextlib
-
 import csv
 import json
 from array import array
