@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from prism.cli.sim import main as sim_main
 from prism.errors import UserError
-from prism.metrics import RecordStream, RequestRecord, csv_float, write_requests_csv
+from prism.metrics import RecordStream, RequestRecord, csv_float, csv_lines, write_requests_csv
 from prism.output import atomic_path, prepare_run_dir, write_atomic_text
 from processes import alive, as_from_a_terminal, descendants
 
@@ -624,6 +624,32 @@ def test_csv_floats_are_the_rounded_shortest_text(v):
                                0.0, 5e-10, -5e-10, 123456.123456789, 0.1 + 0.2, 2.5e-9, 1e16, 3.0])
 def test_csv_floats_at_the_edges_of_the_fast_form(v):
     assert csv_float(v) == repr(round(v, 9))
+
+
+_any_float = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(min_value=-2e6, max_value=2e6),
+                      st.floats(min_value=-1e-3, max_value=1e-3), st.sampled_from([0.0, -0.0, 3.0, 1e-4, 1e6]))
+_cell = st.one_of(_any_float, st.integers(-10**12, 10**12), st.booleans(), st.none(),
+                  st.text(alphabet=st.sampled_from(list('ab,"\r\n .0é')), max_size=5))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(columns=st.lists(st.one_of(st.just(_any_float), st.just(st.floats(1e-4, 1e5)), st.just(_cell)),
+                        min_size=1, max_size=6),
+       data=st.data())
+def test_a_block_of_rows_is_what_csv_writes_value_by_value(columns, data):
+    """requests.csv's rows are formatted a block at a time, a column at once: the lines are what ``csv.writer``
+    writes from each value's own text (a float's ``repr(round(v, 9))``, a bool's 1 or 0), for columns of one
+    type or mixed, floats in the fast form's range or beyond it, and text the csv module quotes."""
+    rows = data.draw(st.lists(st.tuples(*columns), max_size=30))
+
+    def text(v):
+        return repr(round(v, 9)) if type(v) is float else ("1" if v else "0") if type(v) is bool else str(v)
+
+    expected: list[str] = []
+    writer = csv.writer(type("Lines", (), {"write": staticmethod(expected.append)}))
+    for row in rows:
+        writer.writerow([text(v) for v in row])
+    assert csv_lines(rows, lambda row: row) == expected
 
 
 @pytest.mark.parametrize("bad", [["--set", "engine.max_total_tokens=10"], ["--set", "engine.warmup_requests=64"],
