@@ -156,6 +156,7 @@ class Copy:
         self.gpu_label = "+".join(str(g.index) for g in gpus)
         self._slots = sorted((g for g in gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
         self._pools = [g.memory for g in gpus]
+        self._looked: tuple[Any, tuple[int, int]] = (None, (0, 0))  # the pools' changes at the last look, the look
 
     # ---------------------------------------------------------------- the engine's host
     def acquire(self, engine: Engine):
@@ -217,13 +218,19 @@ class Copy:
 
     def _balloon(self) -> tuple[int, int]:
         """Its pools' tightest (excess, reach) (:meth:`GpuMemory.balloon`): the most any asks it to free, the
-        least any lets it hold. A copy on one GPU asks its pool alone: the lists for several cost 8% of a shared
-        fleet's run (``bench_fleet.py``)."""
+        least any lets it hold; asked again only when a pool has changed since (``GpuMemory.changes``). A copy on
+        one GPU asks its pool alone: the lists for several cost 8% of a shared fleet's run (``bench_fleet.py``)."""
         name, pools = self.model.name, self._pools
         if len(pools) == 1:
-            return pools[0].balloon(name)
-        looks = [m.balloon(name) for m in pools]
-        return max(e for e, _ in looks), min(r for _, r in looks)
+            m = pools[0]
+            if self._looked[0] != m.changes:
+                self._looked = (m.changes, m.balloon(name))
+            return self._looked[1]
+        stamp = tuple(m.changes for m in pools)
+        if self._looked[0] != stamp:
+            looks = [m.balloon(name) for m in pools]
+            self._looked = (stamp, (max(e for e, _ in looks), min(r for _, r in looks)))
+        return self._looked[1]
 
     def settle(self, engine: Engine) -> float:
         """The engine's KV changed: its pools map or release blocks for what it holds, owes and caches. Returns

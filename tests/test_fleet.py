@@ -162,6 +162,8 @@ class FleetAudit(EngineEvents):
             assert g.memory.used_pages == sum(
                 g.memory.weight_pages(n) + g.memory.kv_pages(n) + g.memory.buffer_pages(n) for n in g.memory.models)
             if copy.model.elastic and g in copy.gpus:  # the engine's KV fits what its pool maps for it
+                looks = [p.balloon(copy.model.name) for p in copy._pools]  # the balloon it keeps is the pools'
+                assert copy._balloon() == (max(e for e, _ in looks), min(r for _, r in looks))
                 assert g.memory.used_tokens(copy.model.name)[0] + g.memory.used_tokens(copy.model.name)[1] <= \
                     copy.model.layout.tokens(g.memory.kv_pages(copy.model.name) // copy.model.layout.pages_per_block)
         self.iterations += 1

@@ -137,6 +137,24 @@ def test_sample_adds_up_and_splits_live_from_cached():
     assert (s.kv_live, s.kv_cached) == (2 * 64 * PAGE_BYTES, 3 * 64 * PAGE_BYTES)
 
 
+def test_a_balloon_moves_only_with_the_pools_changes():
+    """An elastic engine keeps its balloon until the pool's ``changes`` moves: the two ways a balloon moves
+    without a block of the model changing hands move it too."""
+    g = GpuMemory(300 + 64 * 15)
+    for m in "abc":
+        g.load(m, 100 * PAGE_BYTES, LLAMA8)
+    g.use("b", 5 * 1024, 0)  # b's buffer is all in use, and no page is free to refill it
+    g.use("a", 0, 0)
+    g.unload("a")
+    seen = g.changes, g.balloon("c")
+    g.use("b", 5 * 1024 - 10, 0)  # in the blocks b holds; its buffer refills from the free pages c could reach
+    assert g.balloon("c") != seen[1] and g.changes != seen[0]
+    g.set_limit("b", 1024)  # a shrink waits for b's blocks: what it should free moves with its tokens
+    seen = g.changes, g.balloon("b")
+    g.use("b", 5 * 1024 - 20, 0)
+    assert g.balloon("b") == (seen[1][0] - 10, seen[1][1]) and g.changes != seen[0]
+
+
 # ---------------------------------------------------------------- invariants
 LAYOUTS = [LLAMA8, KvLayout.of(profiles.model("qwen2.5-0.5b")), KvLayout.of(profiles.model("llama-3.2-1b"))]
 op = st.one_of(
@@ -145,6 +163,7 @@ op = st.one_of(
     st.tuples(st.just("unload"), st.integers(0, 3)),
     st.tuples(st.just("use"), st.integers(0, 3), st.integers(0, 60_000), st.integers(0, 60_000)),
     st.tuples(st.just("limit"), st.integers(0, 3), st.integers(0, 80_000)),
+    st.tuples(st.just("nudge"), st.integers(0, 3), st.integers(-50, 50)),  # a use in the blocks it holds
 )
 
 
@@ -155,6 +174,7 @@ def test_invariants(total, ops):
     a use within room_tokens always succeeds and one beyond it never does."""
     g = GpuMemory(total)
     layouts: dict[str, KvLayout] = {}
+    looked: dict[str, tuple[int, tuple[int, int]]] = {}  # a model's balloon as an engine keeps it (GpuMemory.changes)
     for o in ops:
         name = f"m{o[1]}"
         if o[0] == "load" and name not in g:
@@ -182,6 +202,10 @@ def test_invariants(total, ops):
             else:
                 with pytest.raises(MemoryFull):
                     g.use(name, live, cached)
+        elif o[0] == "nudge" and name in g:
+            live, cached = g.used_tokens(name)
+            if live + o[2] >= 0 and o[2] <= g.room_tokens(name):
+                g.use(name, live + o[2], cached)
         elif o[0] == "limit" and name in g:
             lay = layouts[name]
             ppb = lay.pages_per_block
@@ -193,7 +217,10 @@ def test_invariants(total, ops):
             if lay.blocks(o[2]) >= blocks:  # a grow (or no change): all of it usable at once, as pages allow
                 assert g.room_tokens(name) == lay.tokens(min(lay.blocks(o[2]), reachable)) - sum(used)
         assert 0 <= g.used_pages <= g.total_pages
-        for m in g.models:
+        for m in g.models:  # a balloon moves only with the pool's changes
+            if m in looked and looked[m][0] == g.changes:
+                assert g.balloon(m) == looked[m][1], o
+            looked[m] = (g.changes, g.balloon(m))
             ppb = layouts[m].pages_per_block
             assert g.kv_pages(m) + g.buffer_pages(m) <= g.limit_tokens(m) // layouts[m].tokens_per_block * ppb
             assert g.kv_pages(m) == layouts[m].pages(sum(g.used_tokens(m)))
