@@ -140,8 +140,9 @@ def _column_cells(values: tuple) -> Sequence[str]:
 
     Formatting a row value by value and through ``csv.writer`` cost a fifth of a 20,480-request FCFS run; a
     column of one type is formatted in bulk (C-level ``map``). Floats (most of a row): ``%.9f`` with its trailing
-    zeros dropped is :func:`csv_float` where 1e-4 <= |v| < 1e6 or v is 0; the text shows any value beyond that
-    (over 16 characters, an ``n`` of nan or inf, a nonzero ``0.0000``), and such values are written one by one."""
+    zeros dropped is :func:`csv_float` where 1e-4 <= |v| < 1e6 or v is 0; the text shows the values beyond that
+    where the two differ (over 16 characters, an ``n`` of nan or inf, a nonzero ``0.0000``; below 5e-10, or just
+    under 1e-4, they agree), and those are written one by one."""
     kinds = set(map(type, values))
     if kinds == {float}:
         fixed = list(map("%.9f".__mod__, values))
