@@ -559,9 +559,8 @@ class CompiledQAS(QAS):
             return False
         w_n = self.params.w_n
         names, n_segments, n_round = table.segment_names, len(table.segment_names), len(active)
+        self._scratch(n_segments)
         published = self._published
-        if len(published) < n_segments:  # grown by doubling, zeros past the segments in use
-            published = self._published = np.concatenate((published, np.zeros(max(n_segments, len(published)))))
         terms = self._pub_terms
         maybe = self._a_moved.union(counts, terms if isinstance(terms, list) else terms.tolist())
         out, fell = self._published_by_name, []

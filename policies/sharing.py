@@ -106,7 +106,7 @@ class SharingScheme(Policy):
     engine_pool = True  # an activation takes a pre-initialized engine (no engine start)
     parallel_links = 1  # host links one weight load uses at once (0: every GPU of the node, over NVLink)
     #: it reads each model's measured token rate (``ModelView.token_rate``): the fleet counts every iteration's
-    #: tokens only for a scheme that does (a rate entry an iteration costs a shared fleet's run about 10%)
+    #: tokens only for a scheme that does (a rate entry an iteration costs a shared fleet's run 3-5%: bench_fleet.py)
     measures_rates = False
 
     def __init__(self, knobs=None) -> None:

@@ -178,7 +178,7 @@ def write_requests_csv(records: Iterable[RequestRecord], path: Path, cluster: bo
     columns = columns or csv_columns(cluster, fleet)
     values, rows = attrgetter(*columns), sorted(records, key=lambda r: r.id)
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
-        csv.writer(f).writerow(columns)
+        f.writelines(csv_lines([columns], tuple))
         for i in range(0, len(rows), 4096):
             f.writelines(csv_lines(rows[i:i + 4096], values))
 
@@ -213,11 +213,10 @@ class RecordStream:
         self._columns = csv_columns(cluster, fleet)
         self._values = attrgetter(*self._columns)
         self._block: list[RequestRecord] = []  # records not yet in the file
-        header: list[str] = []
-        csv.writer(_Lines(header)).writerow(self._columns)
-        self._f.write(header[0])
+        header = csv_lines([self._columns], tuple)[0]
+        self._f.write(header)
         self._ids = array("q")  # machine integers: 8 bytes a row, not an int object's 36
-        self._lengths = array("q", [len(header[0])])  # bytes of each row in the file (the header's first)
+        self._lengths = array("q", [len(header)])  # bytes of each row in the file (the header's first)
         self._every = flush_every
 
     def __call__(self, r: RequestRecord) -> None:
@@ -265,13 +264,6 @@ class RecordStream:
             for i in range(0, len(order), 8192):  # in blocks: a whole run's offsets as Python ints cost 15 MB
                 block = order[i:i + 8192]
                 f.writelines(text[a:b] for a, b in zip(starts[block].tolist(), ends[block].tolist()))
-
-
-class _Lines:
-    """A file-like target of :func:`csv.writer` that keeps each line it is given in ``lines``."""
-
-    def __init__(self, lines: list[str]) -> None:
-        self.write = lines.append
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
