@@ -98,7 +98,7 @@ class ContextPilot(Scheduler):
     def __init__(self, config: ContextPilotConfig | None = None) -> None:
         self.config = config or ContextPilotConfig()
         self.index = ContextIndex(self.config.position_weight)
-        self.engine: Scheduler = LPM() if self.config.engine_order == "lpm" else FCFS()
+        self.engine: LPM | FCFS = LPM() if self.config.engine_order == "lpm" else FCFS()
         self._seen: set[int] = set()  # requests indexed
         self._sent: dict[int, _Sent] = {}  # waiting request id -> as sent
         self.align: dict[int, tuple[str, ...]] = {}  # waiting request id -> its new document order (moved ones)
@@ -115,16 +115,13 @@ class ContextPilot(Scheduler):
                 self._prune(waiting, alive)
             for r in new:
                 self._send(r, alive)
-        if isinstance(self.engine, FCFS):
-            return Plan(self.engine.plan(waiting, ctx).order, self.align)
+        if self.engine.keeps_order(len(waiting)):
+            # FCFS, or LPM past its threshold, reads no prompt: the queue itself, whose admitted head an engine
+            # then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
+            return Plan(waiting if isinstance(waiting, list) else list(waiting), self.align)
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r, r.key)) for r in waiting]  # a retracted one
-        order = self.engine.plan(as_sent, ctx).order
-        # the engine kept the queue's order (LPM past its threshold): hand back the queue itself, whose admitted
-        # head an engine then drops in place, as after FCFS, instead of copying the backlog
-        if order is as_sent:
-            return Plan(waiting, self.align)
-        return Plan([s.request for s in order], self.align)
+        return Plan([s.request for s in self.engine.plan(as_sent, ctx).order], self.align)
 
     def _prune(self, waiting: Sequence[WaitingRequest], alive) -> None:
         """Drop the dead leaves, and forget the requests that can no longer come back to the queue: those neither

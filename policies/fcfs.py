@@ -10,6 +10,10 @@ from prism.policies.base import Plan, SchedContext, Scheduler, WaitingRequest
 class FCFS(Scheduler):
     name = "fcfs"
 
+    def keeps_order(self, n_waiting: int) -> bool:
+        """Always: the queue's order is the plan (ContextPilot asks its engine order, ``contextpilot.py``)."""
+        return True
+
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         # the queue is in arrival order already, as in SGLang, whose FCFS does not sort: a retracted request
         # rejoins at the back. It is handed back itself, so that an engine drops the admitted head in place

@@ -51,8 +51,12 @@ class LPM(Scheduler):
                     seen.add(head)
         return out
 
+    def keeps_order(self, n_waiting: int) -> bool:
+        """Whether a queue of ``n_waiting`` requests keeps its own order (past ``fcfs_threshold``, unmatched)."""
+        return n_waiting > self.config.fcfs_threshold
+
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
-        if len(waiting) > self.config.fcfs_threshold:
+        if self.keeps_order(len(waiting)):
             return Plan(waiting if isinstance(waiting, list) else list(waiting))  # the queue itself: no copy
         cache = ctx.cache
         matched = {r.id: cache.match_len(r.key) for r in waiting}
@@ -75,7 +79,7 @@ class DFSWeight(LPM):
     section = "lpm"  # LPM's knobs
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
-        if len(waiting) > self.config.fcfs_threshold:
+        if self.keeps_order(len(waiting)):
             return Plan(waiting if isinstance(waiting, list) else list(waiting))  # the queue itself: no copy
         root = (0, 0)
         ends = []  # per request: the matched path and length
