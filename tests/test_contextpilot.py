@@ -248,6 +248,53 @@ def test_a_chain_deeper_than_the_recursion_limit_is_walked():
     assert m.node is before and m.has_prefix
 
 
+def test_a_split_below_a_node_of_the_same_documents_leads_the_search():
+    """A split whose shared documents are its parent's makes a child of the parent's own documents (as the
+    code's does: live_index.py:1553-1570); it wins the next search that shares nothing else with the other
+    children, without a distance (``_lead``), and loses to a child that shares more."""
+    index = ContextIndex()
+    index.insert(("a", "b", "c"), 0)
+    index.insert(("a", "b", "d"), 1)  # split: (a, b) over (a, b, c), (a, b, d)
+    index.insert(("a", "b", "e"), 2)  # the tie goes to (a, b, c), split again below (a, b)
+    (top,) = index.root.children
+    same = next(c for c in top.children if c.docs == ("a", "b"))
+    assert context_tree._lead(top) == (same, {"d"})
+    assert index.search(("a", "b", "x")).node.docs in {("a", "b", "c"), ("a", "b", "e")}
+    assert index.search(("b", "a", "d")).node.docs == ("a", "b", "d")
+    ref = RefIndex()
+    for i, c in enumerate([("a", "b", "c"), ("a", "b", "d"), ("a", "b", "e")]):
+        ref.insert(c, i)
+    for probe in [("a", "b", "x"), ("b", "a", "d"), ("a", "x"), ("x", "a", "b", "c", "e")]:
+        want = ref.search(probe)
+        assert index.search(probe).node.docs == tuple(want[0].docs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cs=st.lists(st.lists(st.sampled_from("abcde"), min_size=1, max_size=5), min_size=2, max_size=40),
+       fixed=st.lists(st.booleans(), min_size=40, max_size=40), drops=st.lists(st.integers(0, 39), max_size=15),
+       extra=st.lists(st.sampled_from("abcdefg"), max_size=4), alpha=st.sampled_from([0.001, 0.0, 0.4]))
+def test_where_a_node_has_a_lead_it_is_the_closest_child(cs, fixed, drops, extra, alpha):
+    """``_lead``'s claim against brute force: at every node of a grown index (repeated documents, prompts in
+    their own order, leaves removed on the way) that has a lead, a context holding the node's first document and
+    none of the documents the other children hold past the node's is closest to the lead among all children
+    sharing a document, by the transcription's float32 distance, ties to the earlier rank."""
+    index, leaves = ContextIndex(alpha), {}
+    for i, c in enumerate(cs):
+        leaves[i] = index.insert(c, i, reorder=not fixed[i])[1]
+        if i // 2 in drops and i // 2 in leaves:
+            index.remove(leaves.pop(i // 2))
+    for node in index.nodes():
+        lead = context_tree._lead(node)
+        if lead is None:
+            continue
+        first, rest = lead
+        context = [node.docs[0], *[d for d in extra if d not in rest]]
+        kids = [c for c in node.children if set(c.docs) & set(context)]
+        closest = min(kids, key=lambda c: (np.float32(ref_distance(context, list(c.docs), alpha)), c.rank))
+        assert closest is first
+        assert index._closest(node, positions(context), len(context)) is first
+
+
 @settings(max_examples=150, deadline=None)
 @given(cs=st.lists(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=4, unique=True), min_size=2,
                    max_size=30),
