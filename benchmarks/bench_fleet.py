@@ -12,7 +12,10 @@ engine, side by side in one run.
    work); then all of them together in one fleet: ``dedicated`` (one GPU per model: the same engines, so the
    ratio is the fleet machinery's own cost: memory pools, compute slots, the scheme's ticks) and the scheme
    asked for (the same requests on fewer GPUs: other dynamics, so its ratio also moves with them). Wall time per
-   request, and the ratio to the single engines' sum.
+   request, and the ratio to the single engines' sum; and the engine iterations (prefill and decode) each side
+   simulated, with the wall time per iteration and its ratio. A shared fleet's engines batch differently, so
+   its requests need not take as many iterations as the single engines'; the ratio per iteration is the
+   simulator's own cost, the ratio per request also carries that difference in simulated work.
 
 The process pins itself to one core; sides are interleaved per repeat and the fastest wall time is kept
 (these machines are noisy: compare ratios from one run).
@@ -54,11 +57,14 @@ def single_specs(spec):
     return out
 
 
-def timed(fn) -> float:
+def timed(fn) -> tuple[float, int]:
+    """Wall seconds of ``fn`` and the engine iterations its results count."""
     gc.collect()
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    results = fn()
+    wall = time.perf_counter() - t0
+    return wall, sum(r.counters.get("prefill_iterations", 0) + r.counters.get("decode_iterations", 0)
+                     for r in results)
 
 
 def whole_process(args) -> float:
@@ -89,25 +95,32 @@ def main() -> None:
     singles = single_specs(dedicated)
     n = len(shared.trace.requests)
     best: dict[str, float] = {}
+    iterations: dict[str, int] = {}
     for _ in range(args.repeat):
         sides = {"single engines": lambda: [simulate(s) for s in singles],
-                 "dedicated fleet": lambda: simulate(dedicated),
-                 f"{args.sharing} fleet": lambda: simulate(shared),
-                 "whole process": lambda: None}
+                 "dedicated fleet": lambda: [simulate(dedicated)],
+                 f"{args.sharing} fleet": lambda: [simulate(shared)],
+                 "whole process": None}
         for name, fn in sides.items():
-            wall = whole_process(args) if name == "whole process" else timed(fn)
+            wall, iterations[name] = (whole_process(args), 0) if fn is None else timed(fn)
             best[name] = min(best.get(name, float("inf")), wall)
-    ref = best["single engines"]
-    rows = [[name, f"{wall:.2f}", f"{n / wall:,.0f}", f"{wall / n * 1e3:.3f}",
-             f"{wall / ref:.2f}x" if name != "whole process" else "-"] for name, wall in best.items()]
+    ref, ref_it = best["single engines"], iterations["single engines"]
+    rows = []
+    for name, wall in best.items():
+        it = iterations[name]
+        per_it = [f"{it:,}", f"{wall / it * 1e6:.1f}", f"{wall / it / (ref / ref_it):.2f}x"] if it else ["-"] * 3
+        rows.append([name, f"{wall:.2f}", f"{n / wall:,.0f}", f"{wall / n * 1e3:.3f}",
+                     f"{wall / ref:.2f}x" if it else "-", *per_it])
     gpus = shared.fleet.gpus
     print(f"{args.trace} at rate scale {args.rate_scale:g}: {n} requests of {len(shared.served_models)} models; "
           f"{args.sharing} on {gpus} x {shared.fleet.gpu}, dedicated on {dedicated.fleet.gpus}")
-    print(table(rows, ["side", "wall_s", "requests_per_s", "ms_per_request", "vs_single"]))
+    print(table(rows, ["side", "wall_s", "requests_per_s", "ms_per_request", "vs_single", "iterations",
+                       "us_per_iteration", "vs_single_per_iteration"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"trace": args.trace, "rate_scale": args.rate_scale, "requests": n, "gpus": gpus,
-                       "sharing": args.sharing, "best_wall_s": best}, f, indent=2)
+                       "sharing": args.sharing, "best_wall_s": best,
+                       "iterations": iterations}, f, indent=2)
 
 
 if __name__ == "__main__":
