@@ -162,19 +162,17 @@ class _Columns:
         for d, row in self.rows.items():
             self.rows[d] = np.concatenate([row, np.zeros(width - len(row), np.uint16)])
 
-    def shared(self, pos: dict) -> tuple[np.ndarray, np.ndarray]:
-        """The columns of the children sharing a document with the context, and how many each shares."""
+    def counts(self, pos: dict) -> np.ndarray | None:
+        """How many of the context's documents each column's child holds (0 for a freed column), or None when
+        no child holds any."""
         rows = self.rows
         mine = [rows[d] for d in pos if d in rows]
         if not mine:
-            return _NONE, _NONE
+            return None
         first = mine[0] if len(mine) < 1 << 16 else mine[0].astype(np.int64)  # a count fits the rows' uint16
-        counts = sum(mine[1:], first)  # rows added in turn: np.add.reduce would stack them first
-        cols = (counts != 0).nonzero()[0]  # numpy finds a bool array's nonzeros four times as fast
-        return cols, counts[cols]
+        return sum(mine[1:], first)  # rows added in turn: np.add.reduce would stack them first
 
 
-_NONE = np.zeros(0, np.intp)
 _UNKNOWN = object()
 
 
@@ -345,20 +343,24 @@ class ContextIndex:
         return best
 
     def _contenders(self, node: Node, pos: dict, length: int) -> list[Node]:
-        """The children sharing a document with the context that may be the closest. A child sharing s of its
-        documents lies between 1 − s/m and that plus α·(m − 1) (m the longer list's length; no position gap
-        exceeds m − 1), and float32 rounding keeps order, so a child whose lower bound rounds above the
-        smallest upper bound can neither win nor tie: only the others get their distance computed. The
-        counting and the bounds run in numpy (the node's columns): near the root a document has hundreds of
-        holders."""
+        """The children sharing a document with the context that may be the closest. A child sharing s documents
+        lies at least 1 − s/length away (its list is compared at a length of at least the context's), and the
+        child sharing the most, s* of its m* (m* the longer list's length), at most 1 − s*/m* + α·(m* − 1) (no
+        position gap exceeds m* − 1); float32 rounding keeps order, so a child whose lower bound rounds above that
+        can neither win nor tie: the others are those sharing at least some count, the one threshold found here.
+        The counting runs in numpy (the node's columns): near the root a document has hundreds of holders."""
         columns = node.columns
-        cols, k = columns.shared(pos)
-        if len(cols) > 2:
-            m = np.maximum(columns.lengths[cols], length)
-            low = 1.0 - k / m
-            bound = min(2.0, float((low + self.alpha * (m - 1)).min()))
-            cut = _F32.unpack(_F32.pack(bound))[0]
-            cols = cols[low.astype(np.float32) <= cut]  # cut is a float32: exact
+        counts = columns.counts(pos)
+        if counts is None:
+            return []
+        best = int(counts.argmax())
+        top = int(counts[best])
+        m = max(int(columns.lengths[best]), length)
+        cut = _F32.unpack(_F32.pack(min(2.0, 1.0 - top / m + self.alpha * (m - 1))))[0]
+        need = top
+        while need > 1 and _F32.unpack(_F32.pack(1.0 - (need - 1) / length))[0] <= cut:
+            need -= 1
+        cols = (counts >= need).nonzero()[0]
         return list(map(columns.nodes.__getitem__, cols.tolist()))
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:

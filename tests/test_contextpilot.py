@@ -370,10 +370,11 @@ def test_columns_count_the_shared_documents_of_each_child():
     _, again = index.insert(("z", "e1"), 99)  # takes a freed column
     columns = index.root.columns
     assert len(index.root.children) == 21 and len(columns.nodes) == 40 and columns.nodes[again.col] is again
-    cols, shared = columns.shared(positions(("d1", "e1", "q")))
-    got = {columns.nodes[c].docs: int(k) for c, k in zip(cols.tolist(), shared.tolist())}
+    counts = columns.counts(positions(("d1", "e1", "q")))
+    got = {columns.nodes[c].docs: int(counts[c]) for c in range(len(columns.nodes)) if columns.nodes[c] is not None}
     want = {leaf.docs: len({"d1", "e1"} & set(leaf.docs)) for leaf in index.root.children}
-    assert got == {docs: k for docs, k in want.items() if k}
+    assert got == want
+    assert all(counts[c] == 0 for c in columns.free) and columns.counts(positions(("q",))) is None
     assert "d0" not in columns.rows and columns.holders["e1"] == sum("e1" in c.docs for c in index.root.children)
 
 
@@ -384,8 +385,8 @@ def test_columns_count_past_the_rows_width():
     leaf = index.insert(docs, 0, reorder=False)[1]
     for i in range(5):
         index.insert((f"other{i}",), 1 + i, reorder=False)
-    cols, shared = index.root.columns.shared(positions(docs))
-    assert index.root.columns.nodes[int(cols[0])] is leaf and shared.tolist() == [70_000]
+    counts = index.root.columns.counts(positions(docs))
+    assert counts[leaf.col] == 70_000 and counts.sum() == 70_000
 
 
 def grow_and_prune(cs, drops, alpha, fixed):
