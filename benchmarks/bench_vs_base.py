@@ -24,6 +24,14 @@ the checkouts are left as they were. Python caches a module's bytecode when it f
 ``PYTHONDONTWRITEBYTECODE`` is set (as on these machines): then a checkout made for a benchmark, which has no
 caches, compiles every module it imports in every process (about 0.04 s, a seventh of a 2,048-request run),
 while a working checkout reads the caches an earlier run left.
+
+``--instructions`` counts each process's instructions instead of timing it (valgrind's callgrind, the hash seed
+fixed; one repeat is enough, a second gives the same count): a figure these shared machines cannot disturb, where
+wall and CPU times of the same code swing by a third between back-to-back runs. It needs valgrind, and each
+``--*-python`` a real interpreter or a venv's (not a shell shim such as pyenv's); a run takes about 50 times as
+long, and the peak RSS is not measured. Each case runs once on each side untimed first: the first process of an
+interpreter compiles the modules outside the checkout (the standard library's, numpy's) into the temporary cache,
+about two billion instructions that would otherwise fall on the first case alone.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,12 +58,16 @@ TARGETS = {**{(20480, pool, m): 0.75 for pool in ("gpu", "32768") for m in ("fcf
 DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204800)
 
 
-def run_once(python: str, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process."""
+def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bool = False) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process; with ``instructions``, the billions of
+    instructions it ran (callgrind) and no RSS (nan)."""
+    cmd = [python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())", *argv]
+    if instructions:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
+        env = {**env, "PYTHONHASHSEED": "0"}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())",
-                                 *argv, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
@@ -62,6 +76,12 @@ def run_once(python: str, argv: list[str], env: dict[str, str]) -> tuple[float, 
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             raise SystemExit(f"{python} {' '.join(argv)}: exit {proc.returncode}: {err.strip()[-800:]}")
+        if instructions:
+            counted = re.search(r"Collected : (\d+)", err)
+            if counted is None:
+                raise SystemExit(f"{python}: valgrind counted nothing (a shell shim instead of an interpreter?): "
+                                 f"{err.strip()[-300:]}")
+            return int(counted.group(1)) / 1e9, float("nan")
         return wall, usage.ru_maxrss / 1024
 
 
@@ -104,8 +124,12 @@ def main() -> None:
     p.add_argument("--new-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting only this checkout's side takes (repeatable): a knob the older commit lacks, "
                         "e.g. qas.front_end=arrivals for prism's deployment before the backlog became its default")
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions (valgrind's callgrind) instead of timing: steady on a noisy machine")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        p.error("--instructions needs valgrind on PATH")
     new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -114,20 +138,28 @@ def main() -> None:
     for side, python in sides.items():
         envs[side], root = compiled_env(python, f"{caches.name}/{side}")
         print(f"# {side}: {root}, compiled to bytecode", file=sys.stderr, flush=True)
-    walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}
+    walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}  # or instructions
+    unit = "G" if args.instructions else "s"
     rss: dict[tuple[str, str], float] = {}
+    trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
+    if args.instructions:  # fill each side's bytecode cache (module docstring)
+        for case in cases:
+            for side in sides:
+                run_once(sides[side], case_argv(case, trace, args.profile, args.qps)
+                         + (new_only if side == "new" else []), envs[side])
     for rep in range(args.repeat):
         for i, case in enumerate(cases):
-            trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
             argv = case_argv(case, trace, args.profile, args.qps)
             order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
             for side in order:
-                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []), envs[side])
+                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []), envs[side],
+                                      args.instructions)
                 walls[case, side].append(wall)
-                rss[case, side] = max(rss.get((case, side), 0.0), peak)
-            print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} s, "
-                  f"new {walls[case, 'new'][-1]:.2f} s", file=sys.stderr, flush=True)
-    print(f"whole process, {args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}"
+                rss[case, side] = max(rss[case, side], peak) if (case, side) in rss else peak  # nan: not measured
+            print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} {unit}, "
+                  f"new {walls[case, 'new'][-1]:.2f} {unit}", file=sys.stderr, flush=True)
+    print(f"whole process, {'billions of instructions' if args.instructions else 'wall seconds'}, "
+          f"{args.repeat} interleaved repeats; {Path(args.trace).name}, {args.profile}"
           + (f"; the new side also --set {' '.join(args.new_set)}" if args.new_set else "")
           + ("; fleet cases: multimodel-18 at rate scale 2" if any(c.startswith("fleet:") for c in cases) else ""))
     print(f"{'case':24s} {'old_med':>8s} {'new_med':>8s} {'ratio':>6s} {'old_min':>8s} {'new_min':>8s} "
@@ -140,7 +172,8 @@ def main() -> None:
             else None
         row = {"case": case, "old_median_s": statistics.median(o), "new_median_s": statistics.median(n),
                "old_min_s": min(o), "new_min_s": min(n), "old_rss_mib": rss[case, "old"],
-               "new_rss_mib": rss[case, "new"], "target": target, "old_s": o, "new_s": n}
+               "new_rss_mib": rss[case, "new"], "target": target, "old_s": o, "new_s": n,
+               "unit": "billions of instructions" if args.instructions else "wall seconds"}
         row["ratio"] = row["new_median_s"] / row["old_median_s"]
         row["ratio_min"] = row["new_min_s"] / row["old_min_s"]
         rows.append(row)
