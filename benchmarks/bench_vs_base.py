@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -69,10 +70,10 @@ def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bo
         t0 = time.perf_counter()
         proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
+        err = proc.stderr.read().decode()  # to the end first: a child blocked on a full pipe never exits
+        proc.stderr.close()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             raise SystemExit(f"{python} {' '.join(argv)}: exit {proc.returncode}: {err.strip()[-800:]}")
@@ -116,7 +117,8 @@ def main() -> None:
     p.add_argument("--base-python", required=True, help="the older checkout's interpreter (its venv's python)")
     p.add_argument("--new-python", default=sys.executable, help="this checkout's interpreter (default: this one)")
     p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated REQUESTS:POOL:METHOD (see above)")
-    p.add_argument("--repeat", type=int, default=3, help="processes per case and side (median and fastest)")
+    p.add_argument("--repeat", type=int, help="processes per case and side (median and fastest; default 3, "
+                                               "with --instructions 1)")
     p.add_argument("--trace", default=str(HERE / "traces" / "prefix20.yaml"),
                    help="trace spec both sides run (a path, or a built-in spec's name)")
     p.add_argument("--profile", default="h100-sxm-80g:llama-3.1-8b", help="GPU:MODEL profile ('': the default)")
@@ -130,6 +132,7 @@ def main() -> None:
     args = p.parse_args()
     if args.instructions and shutil.which("valgrind") is None:
         p.error("--instructions needs valgrind on PATH")
+    args.repeat = args.repeat or (1 if args.instructions else 3)
     new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -186,7 +189,8 @@ def main() -> None:
               f"{'' if target is None else f'{target:.2f}':>6s} {row['old_rss_mib']:7.0f}M {row['new_rss_mib']:7.0f}M "
               f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")  # an RSS not measured: null
     caches.cleanup()
 
 

@@ -45,6 +45,7 @@ a child wins its level without a distance where no other child can beat it (``_l
 
 from __future__ import annotations
 
+import math
 import struct
 from itertools import count
 from typing import Any, Callable, Hashable, Sequence
@@ -103,7 +104,7 @@ class Node:
         self.columns: _Columns | None = None
         self.col = -1  # its column in its parent's columns
         self.owner = owner  # a leaf's request (whatever the caller keys it by); None for inner nodes
-        self.lead: Any = _UNKNOWN  # the child that wins without distances, when one may (``_lead``)
+        self.lead: tuple = None  # the child that wins without distances, when one may (``_lead``); None: not known
 
     @property
     def is_leaf(self) -> bool:
@@ -173,33 +174,24 @@ class _Columns:
         return sum(mine[1:], first)  # rows added in turn: np.add.reduce would stack them first
 
 
-_UNKNOWN = object()
-
-
-def _lead(node: Node) -> tuple[Node, set] | None:
+def _lead(node: Node) -> tuple[Node, set] | tuple[()]:
     """The node's child of the node's own documents and the documents its other children hold past the node's
     (a split below a node whose documents it shares makes such a child: chains of them, once evictions took
     the leaves in between), or None: unless that child is the only one of its documents, every other child
     extends the node's documents and came after it (a later rank). A context that holds the node's first
     document and none of those others is then closest to that child: any other child shares with the context
     what the node does, at the same positions, and is no shorter, so it lies at least as far and loses a tie by
-    its rank."""
-    docs, n = node.docs, len(node.docs)
-    if not n:
-        return None
-    first, rest, earliest = None, set(), None  # earliest: the lowest rank among the others
-    for c in node.children:
-        if c.docs[:n] != docs:
-            return None
-        if len(c.docs) == n:
-            if first is not None:
-                return None
-            first = c
-        else:
+    its rank. Asked only of a node of a few children (an insert below a node makes it ask again)."""
+    docs, n, children = node.docs, len(node.docs), node.children
+    same = [c for c in children if c.docs == docs] if n and len(children) <= _FEW else ()
+    if len(same) != 1:
+        return ()
+    first, rest = same[0], set()
+    for c in children:
+        if c is not first:
+            if c.rank < first.rank or c.docs[:n] != docs:
+                return ()
             rest.update(c.docs[n:])
-            earliest = c.rank if earliest is None else min(earliest, c.rank)
-    if first is None or (earliest is not None and earliest < first.rank):
-        return None
     return first, rest
 
 
@@ -234,7 +226,7 @@ class ContextIndex:
     def _attach(self, parent: Node, child: Node) -> None:
         child.parent = parent
         parent.children[child] = None
-        parent.lead = _UNKNOWN
+        parent.lead = None
         if parent.columns is not None:
             parent.columns.add(child)
         elif len(parent.children) > _FEW:  # from now on a search counts shared documents by columns
@@ -244,7 +236,7 @@ class ContextIndex:
 
     def _detach(self, parent: Node, child: Node) -> None:
         del parent.children[child]
-        parent.lead = _UNKNOWN
+        parent.lead = None
         if parent.columns is not None:
             parent.columns.drop(child)
 
@@ -322,12 +314,12 @@ class ContextIndex:
         most levels of a search have one (zipf, 20,480 requests: 207,000 of 374,000). Where the node's child of
         its own documents wins whatever the distances (``_lead``), none is computed: 77% of all levels. A few
         children are each checked against the context; many are narrowed down by their bounds first
-        (``_contenders``)."""
+        (``_contenders``: a threshold on their shared counts)."""
         children, have = node.children, pos.keys()
         lead = node.lead
-        if lead is _UNKNOWN:
+        if lead is None:
             lead = node.lead = _lead(node)
-        if lead is not None and have.isdisjoint(lead[1]) and node.docs[0] in have:
+        if lead and have.isdisjoint(lead[1]) and node.docs[0] in have:
             return lead[0]
         if len(children) <= _FEW:
             contenders = [c for c in children if not have.isdisjoint(c.pos)]
@@ -345,10 +337,11 @@ class ContextIndex:
     def _contenders(self, node: Node, pos: dict, length: int) -> list[Node]:
         """The children sharing a document with the context that may be the closest. A child sharing s documents
         lies at least 1 − s/length away (its list is compared at a length of at least the context's), and the
-        child sharing the most, s* of its m* (m* the longer list's length), at most 1 − s*/m* + α·(m* − 1) (no
+        child sharing the most, s*, at most 1 − s*/m* + α·(m* − 1) (m* the longer of its list and the context; no
         position gap exceeds m* − 1); float32 rounding keeps order, so a child whose lower bound rounds above that
-        can neither win nor tie: the others are those sharing at least some count, the one threshold found here.
-        The counting runs in numpy (the node's columns): near the root a document has hundreds of holders."""
+        can neither win nor tie: the others are those sharing at least some count, the one threshold found here
+        (from its real-valued estimate, then checked against its neighbours in float32). The counting runs in
+        numpy (the node's columns): near the root a document has hundreds of holders."""
         columns = node.columns
         counts = columns.counts(pos)
         if counts is None:
@@ -357,9 +350,11 @@ class ContextIndex:
         top = int(counts[best])
         m = max(int(columns.lengths[best]), length)
         cut = _F32.unpack(_F32.pack(min(2.0, 1.0 - top / m + self.alpha * (m - 1))))[0]
-        need = top
+        need = min(top, max(1, math.ceil((1.0 - cut) * length)))
         while need > 1 and _F32.unpack(_F32.pack(1.0 - (need - 1) / length))[0] <= cut:
             need -= 1
+        while need < top and _F32.unpack(_F32.pack(1.0 - need / length))[0] > cut:
+            need += 1
         cols = (counts >= need).nonzero()[0]
         return list(map(columns.nodes.__getitem__, cols.tolist()))
 

@@ -74,7 +74,8 @@ class _Sent:
 
 class ContextPilot(Scheduler):
     """ContextPilot in front of the engine's own scheduler (module docstring): each request is indexed and
-    reordered once, the first round it waits in; every round the engine's order runs on the prompts as sent."""
+    reordered once, the first round it waits in; every round the engine's order runs on the prompts as sent (an
+    order that keeps the queue's, FCFS or LPM past its threshold, reads none: the queue itself)."""
 
     name = "contextpilot"
     Knobs = ContextPilotConfig

@@ -285,7 +285,7 @@ def test_where_a_node_has_a_lead_it_is_the_closest_child(cs, fixed, drops, extra
             index.remove(leaves.pop(i // 2))
     for node in index.nodes():
         lead = context_tree._lead(node)
-        if lead is None:
+        if not lead:
             continue
         first, rest = lead
         context = [node.docs[0], *[d for d in extra if d not in rest]]
