@@ -104,7 +104,7 @@ class Node:
         self.columns: _Columns | None = None
         self.col = -1  # its column in its parent's columns
         self.owner = owner  # a leaf's request (whatever the caller keys it by); None for inner nodes
-        self.lead: tuple = None  # the child that wins without distances, when one may (``_lead``); None: not known
+        self.lead: tuple | None = None  # the child that wins without distances (``_lead``); None: not asked yet
 
     @property
     def is_leaf(self) -> bool:
@@ -177,7 +177,7 @@ class _Columns:
 def _lead(node: Node) -> tuple[Node, set] | tuple[()]:
     """The node's child of the node's own documents and the documents its other children hold past the node's
     (a split below a node whose documents it shares makes such a child: chains of them, once evictions took
-    the leaves in between), or None: unless that child is the only one of its documents, every other child
+    the leaves in between), or (): unless that child is the only one of its documents, every other child
     extends the node's documents and came after it (a later rank). A context that holds the node's first
     document and none of those others is then closest to that child: any other child shares with the context
     what the node does, at the same positions, and is no shorter, so it lies at least as far and loses a tie by
@@ -193,6 +193,22 @@ def _lead(node: Node) -> tuple[Node, set] | tuple[()]:
                 return ()
             rest.update(c.docs[n:])
     return first, rest
+
+
+def _fewest_shared(top: int, length: int, cut: float) -> int:
+    """The fewest shared documents, at most ``top``, whose lower bound 1 − s/length rounds (float32) to ``cut`` or
+    below: the smallest such s. Found from the real-valued estimate, then moved to its float32 neighbours (a
+    context of 800 documents would take 600 steps down from ``top``); ``tests/test_contextpilot.py`` holds it
+    to the scan down from ``top``."""
+    def low(s: int) -> float:
+        return _F32.unpack(_F32.pack(1.0 - s / length))[0]
+
+    need = min(top, max(1, math.ceil((1.0 - cut) * length)))
+    while need > 1 and low(need - 1) <= cut:
+        need -= 1
+    while need < top and low(need) > cut:
+        need += 1
+    return need
 
 
 class Match:
@@ -339,8 +355,7 @@ class ContextIndex:
         lies at least 1 − s/length away (its list is compared at a length of at least the context's), and the
         child sharing the most, s*, at most 1 − s*/m* + α·(m* − 1) (m* the longer of its list and the context; no
         position gap exceeds m* − 1); float32 rounding keeps order, so a child whose lower bound rounds above that
-        can neither win nor tie: the others are those sharing at least some count, the one threshold found here
-        (from its real-valued estimate, then checked against its neighbours in float32). The counting runs in
+        can neither win nor tie: the others are those sharing at least ``_fewest_shared``. The counting runs in
         numpy (the node's columns): near the root a document has hundreds of holders."""
         columns = node.columns
         counts = columns.counts(pos)
@@ -350,12 +365,7 @@ class ContextIndex:
         top = int(counts[best])
         m = max(int(columns.lengths[best]), length)
         cut = _F32.unpack(_F32.pack(min(2.0, 1.0 - top / m + self.alpha * (m - 1))))[0]
-        need = min(top, max(1, math.ceil((1.0 - cut) * length)))
-        while need > 1 and _F32.unpack(_F32.pack(1.0 - (need - 1) / length))[0] <= cut:
-            need -= 1
-        while need < top and _F32.unpack(_F32.pack(1.0 - need / length))[0] > cut:
-            need += 1
-        cols = (counts >= need).nonzero()[0]
+        cols = (counts >= _fewest_shared(top, length, cut)).nonzero()[0]
         return list(map(columns.nodes.__getitem__, cols.tolist()))
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:

@@ -362,6 +362,22 @@ def test_a_node_of_many_children_counts_them_by_columns_as_the_code_does(cs, dro
     grow_and_prune(cs, drops, 0.001, [False] * len(cs))
 
 
+@settings(max_examples=500, deadline=None)
+@given(length=st.integers(1, 100_000), data=st.data(),
+       alpha=st.sampled_from([0.0, 1e-9, 0.001, 0.4, 2.0]), m_extra=st.integers(0, 1000))
+def test_the_fewest_shared_documents_is_the_scan_down_from_the_most(length, data, alpha, m_extra):
+    """The root's threshold (``_fewest_shared``), found from its estimate, against its definition: the scan down
+    from the most shared documents while the next fewer still round to the cut or below."""
+    top = data.draw(st.integers(1, min(length, 2_000)))
+    m = length + m_extra
+    f32 = lambda x: float(np.float32(x))
+    cut = f32(min(2.0, 1.0 - top / m + alpha * (m - 1)))
+    want = top
+    while want > 1 and f32(1.0 - (want - 1) / length) <= cut:
+        want -= 1
+    assert context_tree._fewest_shared(top, length, cut) == want
+
+
 def test_columns_count_the_shared_documents_of_each_child():
     index = ContextIndex()
     leaves = [index.insert((f"d{i}", f"e{i % 3}"), i)[1] for i in range(40)]  # one shared doc in three
