@@ -1,12 +1,13 @@
-"""Digests of ``requests.csv`` for a fixed set of comparison runs: a refactoring or speed change must leave
-every one of them byte-identical.
+"""Digests of ``requests.csv`` (and a fleet's ``memory.csv``) for a fixed set of comparison runs: a refactoring
+or speed change must leave every one of them byte-identical.
 
     python benchmarks/output_digests.py > before.txt     # on the old commit
     python benchmarks/output_digests.py --check before.txt   # on the new one: exit 1 on any difference
 
 The set covers every scheduler at a light and a heavy load, the real-data workloads, an anchored eviction
 under a plain scheduler, QAS with a longer signature on pages of 16 tokens, a GPU-sized KV pool, and the LFU,
-DART-with-a-small-protection-set and Belady eviction keys under pressure.
+DART-with-a-small-protection-set and Belady eviction keys under pressure, and several models sharing GPUs
+under every sharing scheme.
 """
 
 from __future__ import annotations
@@ -50,7 +51,16 @@ RUNS: dict[str, list[str]] = {
     # agent turns reuse their session's earlier private messages: the oracle's paths run through them
     "agent-lpm+belady": ["--trace", "agent", "--method", "lpm+belady", "--set", "trace.num_requests=300",
                          "--set", "engine.max_total_tokens=32768"],
+    # several models sharing GPUs: every scheme (requests.csv and memory.csv), prism also with QAS in its engines
+    # and with parallel compute (no compute slot: the memory host alone)
+    **{f"fleet-{s}": ["--trace", "multimodel", "--sharing", s]
+       for s in ("dedicated", "static", "muxserve", "timeshare", "prism")},
+    "fleet-prism-method-prism": ["--trace", "multimodel", "--sharing", "prism", "--method", "prism"],
+    "fleet-prism-parallel": ["--trace", "multimodel", "--sharing", "prism", "--set", "fleet.compute=parallel"],
 }
+
+#: the files a run's digest covers, those it wrote (a fleet's memory samples beside its requests)
+DIGESTED = ("requests.csv", "memory.csv")
 
 
 def digests(only: list[str] | None = None) -> dict[str, str]:
@@ -62,7 +72,11 @@ def digests(only: list[str] | None = None) -> dict[str, str]:
             folder = Path(tmp) / name
             with contextlib.redirect_stdout(io.StringIO()):
                 sim_main([*args, "--no-progress", "--out", str(folder)])
-            out[name] = hashlib.sha256((folder / "requests.csv").read_bytes()).hexdigest()[:16]
+            h = hashlib.sha256()
+            for f in DIGESTED:
+                if (folder / f).exists():
+                    h.update((folder / f).read_bytes())
+            out[name] = h.hexdigest()[:16]
     return out
 
 

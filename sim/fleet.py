@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import simpy
@@ -152,7 +152,9 @@ class Copy:
         self.engine: Engine | None = None
         self.fixed_tokens = 0  # a fixed model's KV pool
         self.squeezed = False  # its limit is lowered while another model's weights wait for pages
-        self._held: list[Any] = []  # the slot requests it holds
+        self._held: Sequence[Gpu] = ()  # the GPUs whose compute slot it holds (or waits for)
+        # fixed for its life, asked at every iteration
+        self.elastic, self._deadline = model.elastic, fleet.scheme.queue == "deadline"
         self.gpu_label = "+".join(str(g.index) for g in gpus)
         self._slots = sorted((g for g in gpus if g.slot is not None), key=lambda g: g.index)  # see _acquire_all
         self._pools = [g.memory for g in gpus]
@@ -164,10 +166,11 @@ class Copy:
         gpus = self._slots  # the GPUs whose compute it shares, in index order
         if not gpus or self._held:
             return None
-        urgency = self._urgency(engine)
+        urgency = self._urgency(engine) if self._deadline else 0.0
         if len(gpus) == 1:
-            self._held = list(gpus)
+            self._held = gpus
             return gpus[0].slot.take(self, urgency)
+        self._held = []
         return self.fleet.env.process(self._acquire_all(gpus, urgency))
 
     def _acquire_all(self, gpus: list[Gpu], urgency: float):
@@ -178,10 +181,8 @@ class Copy:
                 yield ev
 
     def _urgency(self, engine: Engine) -> float:
-        """The slot's priority (lower first): 0 for all (first come first served), or behind a deadline queue
-        the engine's earliest on-time TTFT deadline for a prefill, now + TPOT SLO for a decode step."""
-        if self.fleet.scheme.queue != "deadline":
-            return 0.0
+        """The slot's priority behind a deadline queue (lower first; without one, 0 for all: first come first
+        served): the engine's earliest on-time TTFT deadline for a prefill, now + TPOT SLO for a decode step."""
         now = self.fleet.env.now
         decode = now + self.model.tpot_slo_s if engine.decoding else math.inf
         if engine.waiting and not engine.batch_is_full:
@@ -191,13 +192,13 @@ class Copy:
     def release(self, engine: Engine) -> None:
         for g in self._held:
             g.slot.give(self)
-        self._held = []
+        self._held = ()
 
     def refresh(self, engine: Engine) -> None:
         """Before an iteration: the KV capacity an elastic engine may use now, what its pools hold for it (live,
         owed and cached, as last settled) plus what they may map (a lowered limit: cached prefixes above it go
         first); squeezed, it admits nothing."""
-        if not self.model.elastic:
+        if not self.elastic:
             return
         excess, reach = self._balloon()
         if excess > 0 and engine.cache.evictable_size:
@@ -205,7 +206,7 @@ class Copy:
             self.settle(engine)
             reach = self._balloon()[1]
         used = _used(engine)
-        if max(0, reach - used) + engine.cache.evictable_size < len(engine.decoding):
+        if (reach - used if reach > used else 0) + engine.cache.evictable_size < len(engine.decoding):
             for g in self.gpus:  # no token for each running request: the others' reclaimable memory first
                 self.fleet.reclaim(g, self)
             reach = self._balloon()[1]
@@ -236,19 +237,21 @@ class Copy:
         """The engine's KV changed: its pools map or release blocks for what it holds, owes and caches. Returns
         the seconds of page mapping on the engine's path (the slowest of its GPUs': kvcached's costs; a block
         from the pre-mapped buffer costs nothing)."""
-        if not self.model.elastic:
+        if not self.elastic:
             return 0.0
         name, cached, used = self.model.name, engine.cache.evictable_size, _used(engine)
         # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
-        live = max(used, min(used + engine.owed, engine.capacity)) - cached
+        live = (max(used, min(used + engine.owed, engine.capacity)) if engine.owed else used) - cached
         freed, seconds = False, 0.0
         for m in self._pools:
             # fewer blocks in use is room for others (loadable pages: all but weights and blocks in use)
             before = m.counters.blocks_released
             try:
-                seconds = max(seconds, m.use(name, live, cached))
+                t = m.use(name, live, cached)
             except MemoryFull as e:
                 raise RuntimeError(f"fleet memory accounting: {e}") from None
+            if t > seconds:
+                seconds = t
             freed |= m.counters.blocks_released != before
         if freed:
             for g in self.gpus:
