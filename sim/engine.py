@@ -18,7 +18,8 @@ The story of one iteration, as in SGLang's scheduler loop (prefill has priority 
    what survived of their prefix. Retractions and re-prefilled tokens are counted.
 3. Otherwise the engine sleeps until a request arrives.
 
-Each iteration lasts what the calibrated cost model says. An engine that shares its GPU with other models'
+Each iteration lasts what the calibrated cost model says (its time passes without a SimPy event when no
+other event is due before it ends: ``sim/clock.py``). An engine that shares its GPU with other models'
 engines (``sim/fleet.py``) has a *host*: before an iteration it waits for the GPU's compute (``acquire``) and
 learns its current KV capacity (``refresh``: the pages it may map now), after allocating it reports its KV
 (``settle``, which returns the seconds the page mapping adds to the iteration), and after the iteration it lets
@@ -47,6 +48,7 @@ from prism.policies.bookkeeping import Bookkeeper
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.admission import RULES, PrefillAdder
+from prism.sim.clock import elapse
 from prism.sim.events import EngineEvents
 from prism.sim.radix_cache import RadixCache
 
@@ -184,7 +186,9 @@ class Engine:
                         seq.prefill_start = start
                 if ev is not None:
                     ev.prefill_started(self, batch)
-                yield env.timeout(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
+                wait = elapse(env, cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
+                if wait is not None:
+                    yield wait
                 self.counters[PREFILL_ITERATIONS] += 1
                 sampled = self._end_prefill(batch)
                 if sampled and self.on_tokens is not None:
@@ -211,7 +215,9 @@ class Engine:
                 extra = host.settle(self) if host is not None else 0.0
                 if ev is not None:
                     ev.decode_started(self, n)
-                yield env.timeout(cost.decode_time(n, self.sum_ctx) + extra)
+                wait = elapse(env, cost.decode_time(n, self.sum_ctx) + extra)
+                if wait is not None:
+                    yield wait
                 self.counters[DECODE_ITERATIONS] += 1
                 self.step += 1
                 self.sum_ctx += n

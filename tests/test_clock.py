@@ -1,0 +1,89 @@
+"""An iteration's time passing without a SimPy event (``sim/clock.py``): the clock's rule on SimPy's own heap, and
+runs of every kind identical, file for file and iteration for iteration (the timeline), to the same runs where
+every iteration is a SimPy timeout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import simpy
+
+import prism.sim.engine as engine_module
+from prism.cli.sim import main as sim_main
+from prism.sim.clock import elapse
+
+
+def test_the_clock_moves_on_only_when_no_event_is_due_by_then():
+    env = simpy.Environment(initial_time=1.0)
+    assert elapse(env, 0.25) is None and env.now == 1.25  # nothing scheduled
+    env.timeout(0.5)  # due at 1.75
+    assert elapse(env, 0.25) is None and env.now == 1.5
+    wait = elapse(env, 0.25)  # ends at 1.75, with the other event: that one was scheduled first
+    assert isinstance(wait, simpy.Timeout) and env.now == 1.5
+    env.run()
+    assert env.now == 1.75
+    assert elapse(env, 0.0) is None
+
+    def process():
+        yield env.timeout(1.0)
+
+    env.process(process())  # an event due now (an urgent one: the process starting) goes first too
+    assert isinstance(elapse(env, 0.0), simpy.Timeout) and env.now == 1.75
+
+
+def test_a_process_sees_the_same_times_as_with_timeouts():
+    """Two processes, one moving its clock itself: the interleaving and every time as with timeouts only."""
+
+    def run(use_elapse):
+        env, seen = simpy.Environment(), []
+
+        def engine():
+            for d in (0.3, 0.1, 0.1, 0.7, 0.2, 0.1):
+                wait = elapse(env, d) if use_elapse else env.timeout(d)
+                if wait is not None:
+                    yield wait
+                seen.append(("engine", env.now))
+
+        def arrivals():
+            for d in (0.4, 0.1, 0.65, 0.05):
+                yield env.timeout(d)
+                seen.append(("arrival", env.now))
+
+        env.process(engine())
+        env.process(arrivals())
+        env.run()
+        return seen
+
+    assert run(True) == run(False)
+
+
+RUNS = {
+    "zipf-sglang-small-pool": ["--trace", "zipf", "--method", "sglang", "--set", "trace.num_requests=400",
+                               "--set", "engine.max_total_tokens=12000"],  # retractions
+    "zipf-prism-in-engine": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=400",
+                             "--set", "qas.window_s=0", "--qps", "20"],
+    "agent-fcfs": ["--trace", "agent", "--method", "fcfs", "--set", "trace.num_requests=120"],
+    "cluster-lmetric": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=400",
+                        "--instances", "3", "--router", "lmetric"],
+    "fleet-prism": ["--trace", "multimodel", "--sharing", "prism", "--gpus", "2", "--set", "fleet.rate_scale=0.3"],
+    "fleet-timeshare": ["--trace", "multimodel", "--sharing", "timeshare", "--set", "fleet.rate_scale=0.3"],
+}
+
+
+def _outputs(folder):
+    out = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix in (".csv", ".json")}
+    summary = json.loads(out.pop("summary.json"))
+    summary.pop("wall_s", None)
+    return out, summary
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_runs_are_the_same_as_with_a_timeout_per_iteration(tmp_path, monkeypatch, name, capsys):
+    args = [*RUNS[name], "--no-progress", "--timeline"]
+    assert sim_main([*args, "--out", str(tmp_path / "elapse")]) == 0
+    monkeypatch.setattr(engine_module, "elapse", lambda env, delay: env.timeout(delay))
+    assert sim_main([*args, "--out", str(tmp_path / "timeouts")]) == 0
+    fast, plain = _outputs(tmp_path / "elapse"), _outputs(tmp_path / "timeouts")
+    assert "requests.csv" in fast[0] and "timeline.json" in fast[0]
+    assert fast == plain
