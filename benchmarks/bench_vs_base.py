@@ -112,6 +112,10 @@ def case_argv(case: str, trace: str, profile: str, qps: float | None) -> list[st
     return argv + (["--qps", str(qps)] if qps is not None else [])
 
 
+def _mib(rss: float) -> str:
+    return "-" if math.isnan(rss) else f"{rss:.0f}M"  # not measured under --instructions
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-python", required=True, help="the older checkout's interpreter (its venv's python)")
@@ -186,7 +190,8 @@ def main() -> None:
         row.update({f"{side}_vs_fcfs": v for side, v in vs.items()})
         print(f"{case:24s} {row['old_median_s']:8.2f} {row['new_median_s']:8.2f} {row['ratio']:6.2f} "
               f"{row['old_min_s']:8.2f} {row['new_min_s']:8.2f} {row['ratio_min']:6.2f} "
-              f"{'' if target is None else f'{target:.2f}':>6s} {row['old_rss_mib']:7.0f}M {row['new_rss_mib']:7.0f}M "
+              f"{'' if target is None else f'{target:.2f}':>6s} "
+              f"{_mib(row['old_rss_mib']):>8s} {_mib(row['new_rss_mib']):>8s} "
               f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
     if args.json:
         rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
