@@ -3,7 +3,9 @@
 An engine iteration is a timeout: SimPy pushes it on its event heap, pops it at its time, and resumes the
 engine's generator; on a single engine that is about half of what a decode step costs the simulator. When the
 heap holds nothing due before the iteration ends, that timeout is the next event SimPy would process, and
-nothing else runs meanwhile (only a running process schedules events, and the engine is the one running): the
+nothing else runs meanwhile: only a running process schedules events, the engine is the one running, and it is
+the only process waiting on whatever resumed it (its last timeout, its wake-up, its GPU's compute slot; a wait
+shared with another process would let that one run after the engine in the same step, and so break this). The
 engine may set the clock to the iteration's end itself and go on, as processing the timeout would have had it
 do. An event due at the very same time goes first (it was scheduled earlier, or is urgent), so then the engine
 yields the timeout as usual. The clock reads the same float either way: SimPy sets it to ``now + delay``, as

@@ -60,9 +60,13 @@ def test_a_process_sees_the_same_times_as_with_timeouts():
 
 RUNS = {
     "zipf-sglang-small-pool": ["--trace", "zipf", "--method", "sglang", "--set", "trace.num_requests=400",
-                               "--set", "engine.max_total_tokens=12000"],  # retractions
+                               "--set", "engine.max_total_tokens=12000"],  # a retraction
     "zipf-prism-in-engine": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=400",
                              "--set", "qas.window_s=0", "--qps", "20"],
+    "zipf-prism-windows": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=300",
+                           "--set", "qas.front_end=arrivals", "--set", "qas.window_s=0.05"],
+    "zipf-prism-backlog-held": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=300",
+                                "--set", "engine.max_running_requests=4"],
     "agent-fcfs": ["--trace", "agent", "--method", "fcfs", "--set", "trace.num_requests=120"],
     "cluster-lmetric": ["--trace", "zipf", "--method", "prism", "--set", "trace.num_requests=400",
                         "--instances", "3", "--router", "lmetric"],
