@@ -21,8 +21,9 @@ import simpy
 def elapse(env: simpy.Environment, delay: float) -> simpy.Timeout | None:
     """Let ``delay`` seconds pass for the running process: None when the clock has moved on at once (no other
     event is due by then), else the timeout to yield."""
-    end = env.now + delay
-    if env.peek() <= end:
-        return env.timeout(delay)
+    end = env._now + delay
+    heap = env._queue  # SimPy's own (time, priority, serial, event) heap: Environment.peek without its call
+    if heap and heap[0][0] <= end:
+        return simpy.Timeout(env, delay)
     env._now = end  # what Environment.step sets on popping the timeout (simpy/core.py)
     return None
