@@ -15,7 +15,9 @@ engine, side by side in one run.
    request, and the ratio to the single engines' sum; and the engine iterations (prefill and decode) each side
    simulated, with the wall time per iteration and its ratio. A shared fleet's engines batch differently, so
    its requests need not take as many iterations as the single engines'; the ratio per iteration is the
-   simulator's own cost, the ratio per request also carries that difference in simulated work.
+   simulator's own cost, the ratio per request also carries that difference in simulated work. A single engine's
+   iterations mostly pass without a SimPy event (``sim/clock.py``: nothing else is due before they end); a
+   fleet's engines mostly cannot (another GPU's iteration ends first, another model holds the GPU).
 
 The process pins itself to one core; sides are interleaved per repeat and the fastest wall time is kept
 (these machines are noisy: compare ratios from one run).
