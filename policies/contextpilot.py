@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from prism.config import choice, nonneg
-from prism.core import REUSE, TOKEN_BYTES, realigned, serialize_bytes
+from prism.core import REUSE, TOKEN_BYTES, SegmentedPrompt, realigned
 from prism.counters import CONTEXTPILOT_EVICTED, CONTEXTPILOT_REORDERED, CONTEXTPILOT_SPLITS
 
 from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
@@ -60,16 +60,26 @@ class ContextPilotConfig:
         "doc": "reorder each request's documents against the index (false: the engine's order alone)"})
 
 
-class _Sent:
+class _Sent(SegmentedPrompt):
     """A request as ContextPilot sent it: what the engine's LPM reads of it (id, serialized prompt, length),
     in its new document order. A leaf of the index owns the request's ``_Sent``: once the engine admitted it,
-    only its id and key (is its prompt still cached?), not the request (a live server's holds SGLang's)."""
+    only its id and prompt (is it still cached?), not the request (a live server's holds SGLang's). Its
+    prompt is serialized when first read, and once admitted it takes the engine's own: of the 16,600 moved
+    prompts of a zipf run of 20,480 requests, LPM read 700 while they waited; the index reads most after."""
 
-    __slots__ = ("id", "key", "prompt_len", "request", "admitted")
+    __slots__ = ("id", "prompt_len", "request", "admitted")
 
-    def __init__(self, request: WaitingRequest, key: bytes) -> None:
-        self.id, self.key, self.prompt_len, self.request = request.id, key, request.prompt_len, request
+    def __init__(self, request: WaitingRequest) -> None:
+        self.id, self.prompt_len, self.request = request.id, request.prompt_len, request
         self.admitted = False  # then its prompt may be cached, and evicted
+        self.set_segments(request.segments)  # until it moves
+
+    def admit(self, request: WaitingRequest) -> None:
+        """The engine admitted it: forget the request, keep its prompt (the engine's own key where it serves
+        the request in the order sent)."""
+        if self._key is None and request.segments == self.segments:
+            self._key = request.key
+        self.admitted, self.request = True, None
 
 
 class ContextPilot(Scheduler):
@@ -121,7 +131,7 @@ class ContextPilot(Scheduler):
             # then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
             return Plan(waiting if isinstance(waiting, list) else list(waiting), self.align)
         sent = self._sent
-        as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r, r.key)) for r in waiting]  # a retracted one
+        as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r)) for r in waiting]  # a retracted one
         return Plan([s.request for s in self.engine.plan(as_sent, ctx).order], self.align)
 
     def _prune(self, waiting: Sequence[WaitingRequest], alive) -> None:
@@ -139,16 +149,14 @@ class ContextPilot(Scheduler):
         """Index the request and put its documents in their new order (ContextPilot's proxy, one context)."""
         self._seen.add(r.id)
         docs = tuple(s.id for s in r.segments if s.kind == REUSE)
-        sent = self._sent[r.id] = _Sent(r, b"")  # its key once its order is known: most requests move
+        sent = self._sent[r.id] = _Sent(r)
         if docs:
             movable = not r.fixed_order and len(set(docs)) == len(docs)
             new, _ = self.index.insert(docs, sent, alive, reorder=movable)
             if new != docs:
-                sent.key = serialize_bytes(realigned(r.segments, new, r.id))
+                sent.set_segments(realigned(r.segments, new, r.id))
                 self.align[r.id] = new
                 self.reordered += 1
-                return
-        sent.key = r.key
 
     def _alive(self, waiting: Sequence[WaitingRequest], ctx: SchedContext):
         """``alive(leaf)`` for this round: whether the leaf's request may still be in the engine's cache: it waits
@@ -173,7 +181,7 @@ class ContextPilot(Scheduler):
         for r in admitted:
             sent = self._sent.pop(r.id, None)
             if sent is not None:
-                sent.admitted, sent.request = True, None
+                sent.admit(r)
             self.align.pop(r.id, None)
 
     def stats(self) -> dict[str, int]:
