@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from prism.config import choice, nonneg
-from prism.core import REUSE, TOKEN_BYTES, SegmentedPrompt, realigned
+from prism.core import REUSE, TOKEN_BYTES, SegmentedPrompt, realigned, serialize_bytes
 from prism.counters import CONTEXTPILOT_EVICTED, CONTEXTPILOT_REORDERED, CONTEXTPILOT_SPLITS
 
 from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
@@ -53,7 +53,9 @@ from prism.policies.lpm import LPM
 
 @dataclass
 class ContextPilotConfig:
-    position_weight: float = nonneg(0.001, "ContextPilot's alpha: weight of the mean position gap in the distance")
+    position_weight: float = nonneg(0.001, "ContextPilot's alpha: weight of the mean position gap in the distance "
+                                    "(at most 1e6: far above, a distance overflows the float32 its search compares)",
+                                    le=1e6)
     engine_order: str = choice("lpm", ("lpm", "fcfs"), "the engine's own queue order behind ContextPilot: lpm "
                                "(its docs run SGLang with --schedule-policy lpm) or fcfs (SGLang 0.5.23's default)")
     reorder: bool = dataclasses.field(default=True, metadata={
@@ -63,7 +65,7 @@ class ContextPilotConfig:
 class _Sent(SegmentedPrompt):
     """A request as ContextPilot sent it: what the engine's LPM reads of it (id, serialized prompt, length),
     in its new document order. A leaf of the index owns the request's ``_Sent``: once the engine admitted it,
-    only its id and prompt (is it still cached?), not the request (a live server's holds SGLang's). Its
+    only its id and key (is its prompt still cached?), not the request (a live server's holds SGLang's). Its
     prompt is serialized when first read, and once admitted it takes the engine's own: of the 16,600 moved
     prompts of a zipf run of 20,480 requests, LPM read 700 while they waited; the index reads most after."""
 
@@ -75,11 +77,11 @@ class _Sent(SegmentedPrompt):
         self.set_segments(request.segments)  # until it moves
 
     def admit(self, request: WaitingRequest) -> None:
-        """The engine admitted it: forget the request, keep its prompt (the engine's own key where it serves
-        the request in the order sent)."""
-        if self._key is None and request.segments == self.segments:
-            self._key = request.key
-        self.admitted, self.request = True, None
+        """The engine admitted it: keep its key (the engine's own where it serves the request in the order
+        sent), and neither the request nor its segments (a live request's hold its tokens)."""
+        if self._key is None:
+            self._key = request.key if request.segments == self.segments else serialize_bytes(self.segments)
+        self.segments, self.admitted, self.request = (), True, None
 
 
 class ContextPilot(Scheduler):

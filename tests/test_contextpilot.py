@@ -340,13 +340,14 @@ contexts = st.lists(st.lists(st.sampled_from("abcdefghij"), min_size=0, max_size
 
 
 @settings(max_examples=200, deadline=None)
-@given(cs=contexts, drops=st.lists(st.integers(0, 59), max_size=20), alpha=st.sampled_from([0.001, 0.0, 0.4]),
+@given(cs=contexts, drops=st.lists(st.integers(0, 59), max_size=20), alpha=st.sampled_from([0.001, 0.0, 0.4, 1e6]),
        fixed=st.lists(st.booleans(), min_size=60, max_size=60))
 def test_the_index_grows_and_prunes_as_the_code_does(cs, drops, alpha, fixed):
     """Context after context (some indexed in their own order, as prompts that may not move are; some leaves
     removed on the way, as evictions would), the optimized index gives every context the transcription's new
     order and keeps the same tree; both ways of choosing among the children (each intersected with the
-    context, or narrowed down by their bounds first) are checked, the second for every node."""
+    context, or narrowed down by their bounds first) are checked, the second for every node. (The largest alpha
+    allowed puts distances far above 1.)"""
     for few in (context_tree._FEW, 1):
         with patch.object(context_tree, "_FEW", few):
             grow_and_prune(cs, drops, alpha, fixed)
