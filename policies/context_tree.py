@@ -341,8 +341,8 @@ class ContextIndex:
         bound, 1 − s/max(its length, the context's) for s shared documents, is below the closest so far (at it
         or above, the contender lies no closer and loses the tie), and none once one lies at the lowest bound
         of all. That halves the distances at the root of a zipf run of 20,480 requests (its contenders share as
-        many documents and are as long, and half the time one has the context's positions) and on Mooncake,
-        whose long block lists make a distance the costly part."""
+        many documents and are as long, and half the time one has the context's positions), and the position gaps
+        summed on Mooncake's levels of a few children (each of which is still intersected with the context)."""
         children, have = node.children, pos.keys()
         lead = node.lead
         if lead is None:

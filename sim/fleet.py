@@ -241,8 +241,8 @@ class Copy:
             return 0.0
         name, cached, used = self.model.name, engine.cache.evictable_size, _used(engine)
         # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
-        # (conditionals, not min/max, on this per-iteration path: the builtins' calls were 8% of a shared fleet's
-        # process, callgrind)
+        # (min/max only when it owes something: on this per-iteration path the builtins' calls, with refresh's and
+        # the new-token ratio's, were 8% of a shared fleet's process, callgrind)
         live = (max(used, min(used + engine.owed, engine.capacity)) if engine.owed else used) - cached
         freed, seconds = False, 0.0
         for m in self._pools:

@@ -492,8 +492,9 @@ def test_an_evicted_request_leaves_the_index_a_queued_one_stays():
 def test_an_admitted_request_keeps_the_prompt_it_was_sent_with(served_as_sent):
     """Once admitted, a request's leaf asks the cache for the prompt ContextPilot sent: the engine's own key
     where the engine serves it in that order (one serialization, not two), its own where the request came
-    back in another (a live engine that has not realigned it yet). (Behind FCFS: nothing read its prompt while it
-    waited.)"""
+    back in another (no engine does so today, each realigns before it dispatches: the guard keeps the key right
+    if one did). The leaf then holds neither the request nor its segments (a live request's hold its tokens).
+    (Behind FCFS: nothing read its prompt while it waited.)"""
     cp = ContextPilot(ContextPilotConfig(engine_order="fcfs"))
     first, second = W(0, ["a", "b", "c"]), W(1, ["c", "b", "z"])
     cp.plan([first, second], SchedContext(0.0, RadixCache(None)))
@@ -503,7 +504,7 @@ def test_an_admitted_request_keeps_the_prompt_it_was_sent_with(served_as_sent):
         second.segments = realigned(second.segments, moved, 1)
         second.key = serialize_bytes(second.segments)
     cp.on_dispatch([second], SchedContext(0.0, RadixCache(None)))
-    assert sent.admitted and sent.request is None
+    assert sent.admitted and sent.request is None and sent.segments == ()
     assert sent.key == serialize_bytes(realigned(W(1, ["c", "b", "z"]).segments, moved, 1))
     assert (sent.key is second.key) is served_as_sent
 
