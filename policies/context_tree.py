@@ -77,8 +77,14 @@ def _distance(pos_a: dict, len_a: int, pos_b: dict, len_b: int, alpha: float) ->
 def _shared_distance(shared: set, pos_a: dict, len_a: int, pos_b: dict, len_b: int, alpha: float) -> float:
     """:func:`_distance` of two lists that share the documents ``shared`` (not empty)."""
     gap = sum([abs(pos_a[d] - pos_b[d]) for d in shared])
-    exact = (1.0 - len(shared) / max(len_a, len_b)) + alpha * (gap / len(shared))
+    exact = _overlap_term(len(shared), len_a, len_b) + alpha * (gap / len(shared))
     return _F32.unpack(_F32.pack(exact))[0]  # float32, as the code's distance array holds it
+
+
+def _overlap_term(shared: int, len_a: int, len_b: int) -> float:
+    """The distance's first term, 1 − shared/max(len_a, len_b): the whole distance where the shared documents
+    sit at the same positions, and below it otherwise (the search's lower bound)."""
+    return 1.0 - shared / (len_a if len_a > len_b else len_b)
 
 
 def distance(a: Sequence[Doc], b: Sequence[Doc], alpha: float = 0.001) -> float:
@@ -356,8 +362,7 @@ class ContextIndex:
             for c in children:
                 shared = have & c.pos.keys()
                 if shared:
-                    n = len(c.docs)
-                    contenders.append((c.rank, c, 1.0 - len(shared) / (n if n > length else length), shared))
+                    contenders.append((c.rank, c, _overlap_term(len(shared), length, len(c.docs)), shared))
         if len(contenders) <= 1:
             return contenders[0][1] if contenders else None
         contenders.sort()  # by rank: a tie goes to the earlier
@@ -394,8 +399,7 @@ class ContextIndex:
         out = []
         for col, s in zip(cols, shared):
             child = nodes[col]
-            n = len(child.docs)
-            out.append((child.rank, child, 1.0 - s / (n if n > length else length), None))
+            out.append((child.rank, child, _overlap_term(s, length, len(child.docs)), None))
         return out
 
     def _live(self, node: Node, alive: Callable[[Node], bool], live: set[Node]) -> bool:
