@@ -7,7 +7,6 @@ import gc
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Callable, Mapping
 
 import simpy
@@ -120,8 +119,9 @@ class Replay:
         self.done = self.env.event()
         self.total = len(spec.trace.requests)
         self.bar = _progress_bar(self.total, spec.label) if progress else None
-        # as the engines served them: final segment order; arrival = admission
-        self.served: list[Request] | None = [] if served_reference else None
+        # as the engines served them: (admission, id, segments in their final order, output length); made
+        # requests only where the run's order differs from the trace's (_served_rate)
+        self.served: list[tuple] | None = [] if served_reference else None
         self.client: Client | None = None  # set once the engines exist: it hands them the trace
 
     def finisher(self, instance: int | None) -> Callable[[Seq], None]:
@@ -132,7 +132,7 @@ class Replay:
         """``seq`` finished (``instance``: where a router sent it; ``record``: its record, made by the caller)."""
         self.records.append(record if record is not None else record_of(seq, instance))
         if self.served is not None:
-            self.served.append(Request(seq.id, seq.prefill_start, seq.segments, seq.output_len))
+            self.served.append((seq.prefill_start, seq.id, seq.segments, seq.output_len))
         if self.on_record is not None:
             self.on_record(self.records[-1])
         self.client.finished(seq)
@@ -154,12 +154,18 @@ class Replay:
         trace's order with the trace's own prompts (FCFS without realignment), it is the trace's, computed once."""
         if self.served is None:
             return None
-        served = sorted(self.served, key=attrgetter("arrival", "id"))
+        served = self.served
+        served.sort()  # by admission, then id (ids are unique: segments are never compared)
         trace = self.spec.trace.requests
-        if len(served) == len(trace) and all(a.id == b.id and a.segments is b.segments and b.model is None
-                                             for a, b in zip(served, trace)):
+        if len(served) == len(trace) and all(rid == b.id and segments is b.segments and b.model is None
+                                             for (_, rid, segments, _), b in zip(served, trace)):
             return self.spec.trace.infinite_cache_hit_rate()
-        return infinite_cache_hit_rate(served)
+        return infinite_cache_hit_rate(self.served_requests())
+
+    def served_requests(self) -> list[Request]:
+        """The prompts as the engines served them, by admission (then id): their segments in their final order,
+        their arrival their admission."""
+        return [Request(rid, t, segments, out) for t, rid, segments, out in sorted(self.served)]
 
     def run(self, result: Callable[[bool], SimResult]) -> SimResult:
         """Simulate to the last finish. Ctrl-C raises :class:`SimInterrupted` with ``result(False)``, the

@@ -16,7 +16,7 @@ from prism.sim.radix_cache import RadixCache
 from prism.traces import trace as fmt
 from prism.traces.spec import generate, load_trace
 from prism.traces.stats import infinite_cache_hits, trace_stats
-from prism.traces.zipf import ZipfHotspotSpec, _categorical
+from prism.traces.zipf import ZipfHotspotSpec, _categorical, _ZipfDraws
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,27 @@ def test_categorical_draws_what_numpys_choice_draws(weights, seed):
     ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
     for _ in range(200):
         assert draw(ours) == int(numpys.choice(len(p), p=p))
+    assert ours.random() == numpys.random()
+
+
+def test_zipf_draws_are_the_same_whichever_sets_are_kept(monkeypatch):
+    """The cumulative weights kept per set drawn are a cache: a trace made keeping none is the same trace."""
+    spec = ZipfHotspotSpec(num_requests=300, qps=50.0, seed=7)
+    kept = generate(spec)
+    monkeypatch.setattr(_ZipfDraws, "MAX_SETS", 0)
+    assert [r.segments for r in generate(spec).requests] == [r.segments for r in kept.requests]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_shuffling_a_range_draws_numpys_permutation(seed):
+    """The retriever's order is ``rng.permutation``'s, made by shuffling a list (numpy's permutation of an int
+    shuffles an arange the same way), and leaves the stream where ``permutation`` leaves it."""
+    ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
+    for n in [*range(12), 40] * 5:
+        order = list(range(n))
+        ours.shuffle(order)
+        assert order == numpys.permutation(n).tolist()
     assert ours.random() == numpys.random()
 
 

@@ -22,33 +22,49 @@ from prism.core import KINDS, PRIV, REUSE, TOKEN_BYTES, Request, Segment
 
 
 class _SegNode:
-    """A node of the segment trie: its children by segment (equal by id and length), and their segments by
-    first token. A child is a node, or ``(segments, i)``: a path that one prompt alone has taken so far, which
-    goes on with ``segments[i + 1:]``; it becomes nodes only where a later prompt follows it."""
+    """A node of the segment trie: its children by segment (by the segment's code, :func:`_walk`), and their
+    segments by first token. A child is a node, or ``(segments, i)``: a path that one prompt alone has taken so
+    far, which goes on with ``segments[i + 1:]``; it becomes nodes only where a later prompt follows it."""
 
     __slots__ = ("children", "by_first")
 
     def __init__(self) -> None:
-        self.children: dict[Segment, "_SegNode | tuple[tuple[Segment, ...], int]"] = {}
+        self.children: dict[int, "_SegNode | tuple[tuple[Segment, ...], int]"] = {}
         self.by_first: dict[int, Segment | list[Segment]] = {}
 
-    def add(self, seg: Segment, child: "_SegNode | tuple[tuple[Segment, ...], int]") -> None:
-        self.children[seg] = child
+    def add(self, code: int, seg: Segment, child: "_SegNode | tuple[tuple[Segment, ...], int]") -> None:
+        self.children[code] = child
         if seg.length:
             other = self.by_first.get(seg.first)
             self.by_first[seg.first] = seg if other is None else [*(other if isinstance(other, list) else [other]), seg]
 
-    def expand(self, seg: Segment) -> "_SegNode":
-        """The child at ``seg`` as a node (made from a one-prompt path if need be)."""
-        child = self.children[seg]
-        if isinstance(child, _SegNode):
-            return child
-        segments, i = child
+    def expand(self, code: int, path: tuple[tuple[Segment, ...], int], codes: "_Codes") -> "_SegNode":
+        """The child at ``code``, a one-prompt ``path``, made a node."""
+        segments, i = path
         node = _SegNode()
         if i + 1 < len(segments):
-            node.add(segments[i + 1], (segments, i + 1))
-        self.children[seg] = node
+            nxt = segments[i + 1]
+            node.add(codes.of(nxt), nxt, (segments, i + 1))
+        self.children[code] = node
         return node
+
+
+class _Codes:
+    """A small integer per segment value (equal by kind, id and length), found by the segment object's ``id``: a
+    segment's own hash is a Python call, and a trie walk would make one at every level (a trace reuses a few
+    thousand segment objects in every prompt). The walk holds the requests, so their segments' ids stay theirs."""
+
+    __slots__ = ("by_id", "by_value")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, int] = {}
+        self.by_value: dict[Segment, int] = {}
+
+    def of(self, seg: Segment) -> int:
+        code = self.by_id.get(id(seg))
+        if code is None:
+            code = self.by_id[id(seg)] = self.by_value.setdefault(seg, len(self.by_value))
+        return code
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -97,21 +113,26 @@ def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tup
 
     Memory: a node per segment prefix that two or more prompts share, and one entry per prompt where it leaves
     them (its own path is referred to, not copied): O(requests) small objects."""
-    root = _SegNode()
+    root, codes = _SegNode(), _Codes()
+    by_id, by_value = codes.by_id, codes.by_value
     hits = []
     for r in requests:
         node, hit, whole = root, 0, 0
         segments = r.segments
         for i, seg in enumerate(segments):
-            if seg not in node.children:  # the prompt leaves the tree: credit a sibling's common first tokens
+            code = by_id.get(id(seg))  # codes.of(seg), inline: once a level
+            if code is None:
+                code = by_id[id(seg)] = by_value.setdefault(seg, len(by_value))
+            child = node.children.get(code)
+            if child is None:  # the prompt leaves the tree: credit a sibling's common first tokens
                 same = node.by_first.get(seg.first) if seg.length else None
                 if same is not None:
                     hit += max(_lcp(seg.tokens, other.tokens) for other in (same if isinstance(same, list) else [same]))
-                node.add(seg, (segments, i))
+                node.add(code, seg, (segments, i))
                 break
             hit += seg.length
             whole += 1
-            node = node.expand(seg)
+            node = child if isinstance(child, _SegNode) else node.expand(code, child, codes)
         if keep_last_token:
             hit = min(hit, r.prompt_len - 1)
         hits.append((hit, whole))

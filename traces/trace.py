@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, fields
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -105,8 +107,9 @@ class Trace:
     def largest(self) -> tuple[Segment, Request]:
         """The longest segment and the request with the most prompt + output tokens (computed once: every run
         checks them against its KV pool)."""
-        if self._largest is None:
-            self._largest = (max((s for r in self.requests for s in r.segments), key=lambda s: s.length),
+        if self._largest is None:  # C-level iteration: a trace of 20,480 RAG prompts holds 143,000 segments
+            segments = chain.from_iterable(map(attrgetter("segments"), self.requests))
+            self._largest = (max(segments, key=attrgetter("length")),
                              max(self.requests, key=lambda r: r.prompt_len + r.output_len))
         return self._largest
 
