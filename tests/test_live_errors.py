@@ -168,12 +168,14 @@ def fake_live(monkeypatch):
         metrics.write_json(res.summary, out / "summary.json")
         if calls["held"] is True or calls["held"] == calls["n"]:
             with InterruptsHeld():
-                os.kill(os.getpid(), signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
         return res.summary
 
     monkeypatch.setattr("prism.live.run.live_run", live_run)
-    monkeypatch.setattr("prism.cli.live.check_server", lambda opts: None)
+    # validate first: importing it takes prism.cli.live's check_server by name, which would be the stand-in if
+    # patched already, and then stay the stand-in after the test (a later test's validate checked no server)
     monkeypatch.setattr("prism.cli.validate.check_server", lambda opts: None)
+    monkeypatch.setattr("prism.cli.live.check_server", lambda opts: None)
     return calls
 
 

@@ -171,7 +171,7 @@ def test_sigint_while_summarizing_a_finished_run_keeps_it_whole(monkeypatch):
     reference = sim_run.Replay._served_rate
 
     def interrupted_reference(self):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         return reference(self)
 
     monkeypatch.setattr(sim_run.Replay, "_served_rate", interrupted_reference)
@@ -480,7 +480,7 @@ def test_sigint_while_a_fleet_draws_its_memory_plot_keeps_the_plot(tmp_path, cap
     draw = fleet_plots.plot_memory
 
     def interrupted(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         return draw(*args, **kwargs)
     monkeypatch.setattr(fleet_plots, "plot_memory", interrupted)
     out = tmp_path / "fleet"
