@@ -111,8 +111,8 @@ def _lcp_bytes(a: bytes, b: bytes) -> int:
 def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tuple[int, int]]:
     """(token hit, whole-segment hit) per request: see :func:`infinite_cache_hits`.
 
-    Memory: a node per segment prefix that two or more prompts share, and one entry per prompt where it leaves
-    them (its own path is referred to, not copied): O(requests) small objects."""
+    Memory: a node per segment prefix that two or more prompts share, one entry per prompt where it leaves them
+    (its own path is referred to, not copied), and a code per segment object: O(requests) small objects."""
     root, codes = _SegNode(), _Codes()
     by_id, by_value = codes.by_id, codes.by_value
     hits = []
