@@ -6,7 +6,6 @@ in tests/live/."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import threading

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -226,6 +228,9 @@ def test_infinite_cache_trie_equals_token_radix(reqs):
         expected.append(min(cache.match_len(key), r.prompt_len - 1))
         cache.insert(key, 0.0)
     assert infinite_cache_hits(tr.requests) == expected
+    # equal segments that are other objects (a trace read from a file, requests rebuilt): the same walk
+    copies = [Request(r.id, r.arrival, tuple(replace(s) for s in r.segments), r.output_len) for r in tr.requests]
+    assert infinite_cache_hits(copies) == expected
 
 
 def test_multihop_corpus_uses_real_evidence():
