@@ -52,18 +52,20 @@ class _SegNode:
 class _Codes:
     """A small integer per segment value (equal by kind, id and length), found by the segment object's ``id``: a
     segment's own hash is a Python call, and a trie walk would make one at every level (a trace reuses a few
-    thousand segment objects in every prompt). The walk holds the requests, so their segments' ids stay theirs."""
+    thousand segment objects in every prompt). The objects coded are held, so an ``id`` is never another's."""
 
-    __slots__ = ("by_id", "by_value")
+    __slots__ = ("by_id", "by_value", "held")
 
     def __init__(self) -> None:
         self.by_id: dict[int, int] = {}
         self.by_value: dict[Segment, int] = {}
+        self.held: list[Segment] = []
 
     def of(self, seg: Segment) -> int:
         code = self.by_id.get(id(seg))
         if code is None:
             code = self.by_id[id(seg)] = self.by_value.setdefault(seg, len(self.by_value))
+            self.held.append(seg)
         return code
 
 
@@ -114,15 +116,15 @@ def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> list[tup
     Memory: a node per segment prefix that two or more prompts share, one entry per prompt where it leaves them
     (its own path is referred to, not copied), and a code per segment object: O(requests) small objects."""
     root, codes = _SegNode(), _Codes()
-    by_id, by_value = codes.by_id, codes.by_value
+    by_id = codes.by_id
     hits = []
     for r in requests:
         node, hit, whole = root, 0, 0
         segments = r.segments
         for i, seg in enumerate(segments):
-            code = by_id.get(id(seg))  # codes.of(seg), inline: once a level
+            code = by_id.get(id(seg))  # codes.of(seg), its common case inline: once a level
             if code is None:
-                code = by_id[id(seg)] = by_value.setdefault(seg, len(by_value))
+                code = codes.of(seg)
             child = node.children.get(code)
             if child is None:  # the prompt leaves the tree: credit a sibling's common first tokens
                 same = node.by_first.get(seg.first) if seg.length else None
