@@ -28,10 +28,13 @@ while a working checkout reads the caches an earlier run left.
 ``--instructions`` counts each process's instructions instead of timing it (valgrind's callgrind, the hash seed
 fixed; one repeat is enough, a second gives the same count): a figure these shared machines cannot disturb, where
 wall and CPU times of the same code swing by a third between back-to-back runs. It needs valgrind, and each
-``--*-python`` a real interpreter or a venv's (not a shell shim such as pyenv's); a run takes about 50 times as
-long, and the peak RSS is not measured. Each case runs once on each side untimed first: the first process of an
-interpreter compiles the modules outside the checkout (the standard library's, numpy's) into the temporary cache,
-about two billion instructions that would otherwise fall on the first case alone.
+``--*-python`` a real interpreter or a venv's (not a shell shim such as pyenv's); a process takes about 50 times as
+long, and the peak RSS is not measured. The two sides' processes of a case run at once (a count does not depend on
+what else the machine runs), with one OpenBLAS thread and, where ``setarch`` is found, no address randomization
+(numpy starts a thread per core at import, and randomized addresses move hash tables' collisions: either moves a
+count by millions). Each case runs once on each side uncounted first: the first process of an interpreter compiles
+the modules outside the checkout (the standard library's, numpy's) into the temporary cache, about two billion
+instructions that would otherwise fall on the first case alone.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
@@ -65,7 +69,8 @@ def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bo
     cmd = [python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())", *argv]
     if instructions:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
-        env = {**env, "PYTHONHASHSEED": "0"}
+        cmd = ["setarch", "-R", *cmd] if shutil.which("setarch") else cmd  # the same addresses run after run
+        env = {**env, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
@@ -149,18 +154,24 @@ def main() -> None:
     unit = "G" if args.instructions else "s"
     rss: dict[tuple[str, str], float] = {}
     trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
+
+    def run_case(case: str, order: list[str], counted: bool) -> dict[str, tuple[float, float]]:
+        """Each side's (wall or instructions, peak RSS) for ``case``: in turn, or at once under --instructions."""
+        def one(side: str) -> tuple[float, float]:
+            argv = case_argv(case, trace, args.profile, args.qps) + (new_only if side == "new" else [])
+            return run_once(sides[side], argv, envs[side], counted)
+        if args.instructions:
+            with ThreadPoolExecutor(len(order)) as pool:
+                return dict(zip(order, pool.map(one, order)))
+        return {side: one(side) for side in order}
+
     if args.instructions:  # fill each side's bytecode cache (module docstring)
         for case in cases:
-            for side in sides:
-                run_once(sides[side], case_argv(case, trace, args.profile, args.qps)
-                         + (new_only if side == "new" else []), envs[side])
+            run_case(case, list(sides), False)
     for rep in range(args.repeat):
         for i, case in enumerate(cases):
-            argv = case_argv(case, trace, args.profile, args.qps)
             order = list(sides) if (rep + i) % 2 == 0 else list(sides)[::-1]
-            for side in order:
-                wall, peak = run_once(sides[side], argv + (new_only if side == "new" else []), envs[side],
-                                      args.instructions)
+            for side, (wall, peak) in run_case(case, order, args.instructions).items():
                 walls[case, side].append(wall)
                 rss[case, side] = max(rss[case, side], peak) if (case, side) in rss else peak  # nan: not measured
             print(f"# repeat {rep + 1}/{args.repeat} {case}: old {walls[case, 'old'][-1]:.2f} {unit}, "
