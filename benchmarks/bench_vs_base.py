@@ -31,8 +31,8 @@ wall and CPU times of the same code swing by a third between back-to-back runs. 
 ``--*-python`` a real interpreter or a venv's (not a shell shim such as pyenv's); a process takes about 50 times as
 long, and the peak RSS is not measured. The two sides' processes of a case run at once (a count does not depend on
 what else the machine runs), with one OpenBLAS thread and, where ``setarch`` is found, no address randomization
-(numpy starts a thread per core at import, and randomized addresses move hash tables' collisions: either moves a
-count by millions). Each case runs once on each side uncounted first: the first process of an interpreter compiles
+(numpy starts a thread per core at import, and randomized addresses move hash tables' collisions: two counts of
+the same 200-request zipf FCFS process differed by 3 million without them, by 3 thousand with them). Each case runs once on each side uncounted first: the first process of an interpreter compiles
 the modules outside the checkout (the standard library's, numpy's) into the temporary cache, about two billion
 instructions that would otherwise fall on the first case alone.
 """
