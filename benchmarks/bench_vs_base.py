@@ -12,7 +12,8 @@ the fleet's cost per request). Each process runs the interpreter's ``prism.cli.s
 from an empty temporary folder (no checkout's folder shadows its installed package) with ``--no-progress``; the
 time is the parent's, launch to exit, interpreter start and imports included; the peak RSS is the child's own
 (``wait4``). Both sides read the same trace spec file (this checkout's). Every repeat runs each case on both
-sides in turn, the side that goes first alternating, so that a slow spell on a shared machine hits both alike.
+sides in turn (at once under ``--instructions``, below), the side that goes first alternating, so that a slow
+spell on a shared machine hits both alike.
 Printed per case: the median and the fastest of each side, the ratio new/old of the medians (and of the
 fastest), the target where the issue sets one, the peak RSS of each side, and each side's median over its own
 fcfs median of the same size and pool where the cases include it (issue 31: every method within 1.5x fcfs on
@@ -32,9 +33,10 @@ wall and CPU times of the same code swing by a third between back-to-back runs. 
 long, and the peak RSS is not measured. The two sides' processes of a case run at once (a count does not depend on
 what else the machine runs), with one OpenBLAS thread and, where ``setarch`` is found, no address randomization
 (numpy starts a thread per core at import, and randomized addresses move hash tables' collisions: two counts of
-the same 200-request zipf FCFS process differed by 3 million without them, by 3 thousand with them). Each case runs once on each side uncounted first: the first process of an interpreter compiles
-the modules outside the checkout (the standard library's, numpy's) into the temporary cache, about two billion
-instructions that would otherwise fall on the first case alone.
+the same 200-request zipf FCFS process differed by 3 million without them, by 3 thousand with them). Each case runs
+once on each side uncounted first: the first process of an interpreter compiles the modules outside the checkout
+(the standard library's, numpy's) into the temporary cache, about two billion instructions that would otherwise
+fall on the first case alone.
 """
 
 from __future__ import annotations
