@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
@@ -65,9 +65,10 @@ TARGETS = {**{(20480, pool, m): 0.75 for pool in ("gpu", "32768") for m in ("fcf
 DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204800)
 
 
-def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bool = False) -> tuple[float, float]:
+def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bool = False,
+             started: list | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process; with ``instructions``, the billions of
-    instructions it ran (callgrind) and no RSS (nan)."""
+    instructions it ran (callgrind) and no RSS (nan). ``started``: a list the process is appended to (to stop it)."""
     cmd = [python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())", *argv]
     if instructions:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
@@ -77,6 +78,8 @@ def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bo
         t0 = time.perf_counter()
         proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
+        if started is not None:
+            started.append(proc)
         err = proc.stderr.read().decode()  # to the end first: a child blocked on a full pipe never exits
         proc.stderr.close()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -158,14 +161,27 @@ def main() -> None:
     trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
 
     def run_case(case: str, order: list[str], counted: bool) -> dict[str, tuple[float, float]]:
-        """Each side's (wall or instructions, peak RSS) for ``case``: in turn, or at once under --instructions."""
+        """Each side's (wall or instructions, peak RSS) for ``case``: in turn, or at once under --instructions,
+        where the first side to fail (or Ctrl-C) stops the other's process, which could count on for minutes."""
+        started: list[subprocess.Popen] = []
+
         def one(side: str) -> tuple[float, float]:
             argv = case_argv(case, trace, args.profile, args.qps) + (new_only if side == "new" else [])
-            return run_once(sides[side], argv, envs[side], counted)
-        if args.instructions:
-            with ThreadPoolExecutor(len(order)) as pool:
-                return dict(zip(order, pool.map(one, order)))
-        return {side: one(side) for side in order}
+            return run_once(sides[side], argv, envs[side], counted, started)
+        if not args.instructions:
+            return {side: one(side) for side in order}
+        with ThreadPoolExecutor(len(order)) as pool:
+            futures = {side: pool.submit(one, side) for side in order}
+            try:
+                for f in wait(futures.values(), return_when=FIRST_EXCEPTION)[0]:
+                    if f.exception() is not None:
+                        raise f.exception()
+            except BaseException:
+                for proc in started:
+                    if proc.returncode is None:
+                        proc.kill()
+                raise
+            return {side: f.result() for side, f in futures.items()}
 
     if args.instructions:  # fill each side's bytecode cache (module docstring)
         for case in cases:

@@ -28,8 +28,8 @@ Content and arrivals use separate random streams: changing ``qps`` never changes
 
 Bounds: the synthetic corpus holds at most MAX_PASSAGES passages (their ids take about 100 MB at the bound),
 the hot set at most MAX_HOT_SET (the Zipf draw keeps the remaining weights of the first 4,096 sets it draws,
-about 130 MB at the bound, 1.3 GB at 10,000), a request retrieves at most MAX_K passages (RAG pipelines retrieve 3-20), and a
-prompt (system + k passages + question) holds at most MAX_TOKENS tokens.
+about 130 MB at the bound, 1.3 GB at 10,000), a request retrieves at most MAX_K passages (RAG pipelines retrieve
+3-20), and a prompt (system + k passages + question) holds at most MAX_TOKENS tokens.
 """
 
 from __future__ import annotations
