@@ -38,9 +38,9 @@ the same 200-request zipf FCFS process differed by 3 million without them, by 3 
 Each case runs once on each side first, neither timed nor counted, as the measured runs will run (under valgrind
 with ``--instructions``), so that what a first process leaves on disk falls on no measured one: the modules
 outside the checkout (the standard library's, numpy's) compiled into the temporary cache, about two billion
-instructions; and numba's compiled functions (QAS before the compiled kernel, e.g. 508aed3), which numba keys by
-the CPU, which valgrind presents as another: a warm-up outside valgrind left 508aed3's first counted prism run of
-2,048 requests to compile, 65.4 billion instructions against 4.5 with the cache.
+instructions; and the functions numba compiled (508aed3's QAS kernels, before they were built at install time).
+Numba keys those by the CPU, and valgrind presents another: a warm-up outside valgrind left 508aed3's first
+counted prism run of 2,048 requests to compile them, 65.4 billion instructions against 4.5 with the cache.
 """
 
 from __future__ import annotations
@@ -164,14 +164,15 @@ def main() -> None:
     rss: dict[tuple[str, str], float] = {}
     trace = str(Path(args.trace).resolve()) if Path(args.trace).exists() else args.trace
 
-    def run_case(case: str, order: list[str], counted: bool) -> dict[str, tuple[float, float]]:
-        """Each side's (wall or instructions, peak RSS) for ``case``: in turn, or at once under --instructions,
-        where the first side to fail (or Ctrl-C) stops the other's process, which could count on for minutes."""
+    def run_case(case: str, order: list[str], valgrind: bool) -> dict[str, tuple[float, float]]:
+        """Each side's (wall or instructions, peak RSS) for ``case``, under valgrind where ``valgrind``: in turn,
+        or at once under --instructions, where the first side to fail (or Ctrl-C) stops the other's process, which
+        could count on for minutes."""
         started: list[subprocess.Popen] = []
 
         def one(side: str) -> tuple[float, float]:
             argv = case_argv(case, trace, args.profile, args.qps) + (new_only if side == "new" else [])
-            return run_once(sides[side], argv, envs[side], counted, started)
+            return run_once(sides[side], argv, envs[side], valgrind, started)
         if not args.instructions:
             return {side: one(side) for side in order}
         with ThreadPoolExecutor(len(order)) as pool:

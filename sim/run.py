@@ -172,8 +172,8 @@ class Replay:
         requests that finished; once all have finished, Ctrl-C waits for the summary, and the interruption
         carries the whole result (``complete``: true)."""
         try:
-            # the summary's trace-order reference first: the trie it walks (200 bytes a request) is freed before
-            # the simulation's state grows, not built on top of it at the end (prefix20 at 204,800 requests)
+            # the summary's trace-order reference first: the trie it walks (223 bytes a request on prefix20) is
+            # freed before the simulation's state grows, not built on top of it at the end
             self.spec.trace.infinite_cache_hit_rate()
             self.env.run(until=self.done)
         except KeyboardInterrupt:

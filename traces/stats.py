@@ -52,9 +52,10 @@ class _SegNode:
 class _Codes:
     """A small integer per segment value (equal by kind, id and length), found by the segment object's ``id``: a
     segment's own hash is a Python call, and a trie walk would make one at every level (a trace reuses a few
-    thousand segment objects in every prompt). An object is found by ``id`` from its second sighting on: a
-    prompt's own segments are seen once (prefix20 at 204,800 requests: 20 MiB of ids). The objects found by
-    ``id`` are held, so an ``id`` is never another's."""
+    thousand segment objects in every prompt). An object enters ``by_id`` once a lookup finds its value already
+    coded (its second sighting, or the first of an object equal to one seen): a prompt's own segments, seen once,
+    never do, which keeps the walk's memory to about half. The objects in ``by_id`` are held, so an ``id`` is
+    never another's."""
 
     __slots__ = ("by_id", "by_value", "held")
 
@@ -124,7 +125,8 @@ def _walk(requests: Sequence[Request], keep_last_token: bool = True) -> Iterator
     """(token hit, whole-segment hit) per request, in turn (a sum keeps no list): see :func:`infinite_cache_hits`.
 
     Memory: a node per segment prefix that two or more prompts share, one entry per prompt where it leaves them
-    (its own path is referred to, not copied), and a code per segment value: O(requests) small objects."""
+    (its own path is referred to, not copied), a code per segment value and an entry per object seen twice:
+    O(requests) small objects."""
     root, codes = _SegNode(), _Codes()
     by_id = codes.by_id
     for r in requests:
