@@ -54,8 +54,8 @@ class _Codes:
     segment's own hash is a Python call, and a trie walk would make one at every level (a trace reuses a few
     thousand segment objects in every prompt). An object enters ``by_id`` once a lookup finds its value already
     coded (its second sighting, or the first of an object equal to one seen): a prompt's own segments, seen once,
-    never do, which keeps the walk's memory to about half. The objects in ``by_id`` are held, so an ``id`` is
-    never another's."""
+    never do (prefix20: the walk's peak 305 -> 223 bytes a request). The objects in ``by_id`` are held, so an
+    ``id`` is never another's."""
 
     __slots__ = ("by_id", "by_value", "held")
 
