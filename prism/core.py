@@ -42,6 +42,7 @@ _pool: list[bytes] = []  # the pool's token bytes, made on first use
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_BLOCK = 1 << 14
 
 
 def stable_hash(text: str) -> int:
@@ -50,13 +51,34 @@ def stable_hash(text: str) -> int:
 
 
 def hashed_tokens(seed: int, start: int, count: int, low: int = BULK_LOW, high: int = BULK_HIGH) -> np.ndarray:
-    """``count`` deterministic pseudo-random tokens (splitmix64 of ``seed`` and the position)."""
+    """``count`` deterministic pseudo-random tokens: token ``i`` is ``low + splitmix64(seed + (start + i + 1) *
+    golden) % (high - low)``.
+
+    Worked a block of 16,384 at a time and in place, so that the temporaries stay in the CPU's cache and no
+    array of the whole count is made but the result: the pool's million tokens took 17-60 ms in a fresh process
+    in whole-array steps (eight 8 MB arrays, each page faulted in), 7-8 ms so."""
+    out = np.empty(count, dtype=TOKEN_DTYPE)
+    x = np.empty(min(count, _BLOCK), dtype=np.uint64)
+    shifted = np.empty_like(x)
+    span = np.uint64(high - low)
     with np.errstate(over="ignore"):
-        x = np.uint64(seed) + (np.arange(start, start + count, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        x = x ^ (x >> np.uint64(31))
-    return (low + (x % np.uint64(high - low))).astype(TOKEN_DTYPE)
+        for at in range(0, count, _BLOCK):
+            n = min(_BLOCK, count - at)
+            h, t = x[:n], shifted[:n]
+            h[:] = np.arange(start + at + 1, start + at + n + 1, dtype=np.uint64)
+            h *= _GOLDEN
+            h += np.uint64(seed)
+            h ^= np.right_shift(h, np.uint64(30), out=t)
+            h *= _M1
+            h ^= np.right_shift(h, np.uint64(27), out=t)
+            h *= _M2
+            h ^= np.right_shift(h, np.uint64(31), out=t)
+            np.floor_divide(h, span, out=t)  # h % span, by the division numpy does fast by one divisor
+            t *= span
+            h -= t
+            h += np.uint64(low)
+            out[at:at + n] = h
+    return out
 
 
 def _bulk_bytes(seed: int, count: int) -> bytes:

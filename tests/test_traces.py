@@ -177,6 +177,26 @@ def test_different_segments_never_share_a_first_token(big):
     assert all(len(ids) == 1 for ids in firsts.values())
 
 
+def _splitmix64_token(seed: int, position: int, low: int, high: int) -> int:
+    """splitmix64 (Steele, Lea and Flood 2014) in Python integers, one position: the reference."""
+    mask = (1 << 64) - 1
+    x = (seed + (position + 1) * 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return low + (x ^ (x >> 31)) % (high - low)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), start=st.integers(0, 2**40), count=st.integers(0, 40_000),
+       low=st.integers(0, 2**20), width=st.integers(1, 2**30))
+def test_hashed_tokens_are_splitmix64_of_their_position(seed, start, count, low, width):
+    """Every token, across the blocks the array is worked in, is the position's splitmix64 in Python integers."""
+    got = hashed_tokens(seed, start, count, low, low + width)
+    assert got.shape == (count,) and got.dtype == np.int32
+    for i in sorted({0, count // 2, 16_383, 16_384, 16_385, count - 1} & set(range(count))):
+        assert int(got[i]) == _splitmix64_token(seed, start + i, low, low + width), i
+
+
 @settings(max_examples=60, deadline=None)
 @given(counts=st.lists(st.integers(0, 5000), min_size=1, max_size=12))
 def test_output_tokens_are_one_stream_cut_to_each_length(counts):
