@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -69,10 +70,34 @@ TARGETS = {**{(20480, pool, m): 0.75 for pool in ("gpu", "32768") for m in ("fcf
 DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204800)
 
 
+class Running:
+    """The processes of a case's sides at once: the first to fail stops the others, and a side whose process
+    starts only after that (its thread was slower than the failure) is stopped as it starts, not counted on for
+    minutes while the error waits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: list[subprocess.Popen] = []
+        self._stopped = False
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.append(proc)
+            if self._stopped:
+                proc.kill()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for proc in self._procs:
+                if proc.returncode is None:
+                    proc.kill()
+
+
 def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bool = False,
-             started: list | None = None) -> tuple[float, float]:
+             running: Running | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process; with ``instructions``, the billions of
-    instructions it ran (callgrind) and no RSS (nan). ``started``: a list the process is appended to (to stop it)."""
+    instructions it ran (callgrind) and no RSS (nan). ``running``: where the process is registered (to stop it)."""
     cmd = [python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())", *argv]
     if instructions:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
@@ -82,8 +107,8 @@ def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bo
         t0 = time.perf_counter()
         proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-        if started is not None:
-            started.append(proc)
+        if running is not None:
+            running.add(proc)
         err = proc.stderr.read().decode()  # to the end first: a child blocked on a full pipe never exits
         proc.stderr.close()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -168,11 +193,11 @@ def main() -> None:
         """Each side's (wall or instructions, peak RSS) for ``case``, under valgrind where ``valgrind``: in turn,
         or at once under --instructions, where the first side to fail (or Ctrl-C) stops the other's process, which
         could count on for minutes."""
-        started: list[subprocess.Popen] = []
+        running = Running()
 
         def one(side: str) -> tuple[float, float]:
             argv = case_argv(case, trace, args.profile, args.qps) + (new_only if side == "new" else [])
-            return run_once(sides[side], argv, envs[side], valgrind, started)
+            return run_once(sides[side], argv, envs[side], valgrind, running)
         if not args.instructions:
             return {side: one(side) for side in order}
         with ThreadPoolExecutor(len(order)) as pool:
@@ -182,9 +207,7 @@ def main() -> None:
                     if f.exception() is not None:
                         raise f.exception()
             except BaseException:
-                for proc in started:
-                    if proc.returncode is None:
-                        proc.kill()
+                running.stop()
                 raise
             return {side: f.result() for side, f in futures.items()}
 
@@ -233,4 +256,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the children had the Ctrl-C too (one process group); any left were stopped
+        print("bench_vs_base: interrupted", file=sys.stderr)
+        sys.exit(130)
