@@ -29,8 +29,10 @@ Loading numba's compiled kernels costs a process about 0.3-0.4 s (``policies.qas
 simulation starts with the same kernels compiled ahead of time where the install built them
 (``policies.qas_aot``: a C extension that imports in milliseconds, its calls about 6 us dearer than numba's),
 else interpreted (about 0.2 ms a round of a few requests), until its rounds have cost about twice what loading
-numba's would have over numba's own; then numba's. A run too long for that (or a live server, which warms
-them before it serves) takes numba's from its first round. Which kernels run changes no result.
+numba's would have over numba's own; then numba's. A round of one request calls no kernel and costs the budget
+nothing, so how long a run is says little of how many kernel rounds it makes (prefix20 at 204,800 requests below
+the knee: one); only a live server, which warms them before it serves, takes numba's from its first round. Which
+kernels run changes no result.
 """
 
 from __future__ import annotations
@@ -255,11 +257,9 @@ INTERPRETED_ROUNDS = EarlyKernels(INTERPRETED, 2e-4, 2e-4 / 16)
 AOT_ROUND_S = 1.2e-5
 #: what a simulation's early rounds may cost in all over numba's before it loads them: about twice their load
 #: time (0.3-0.4 s), so that an interpreted 2,048-request run never loads them (prefix20: 0.71 s whole,
-#: against 0.93 s with 0.3 s), nor does a run of the ahead-of-time kernels below about 65,000 rounds
+#: against 0.93 s with 0.3 s), nor does a run of the ahead-of-time kernels below about 65,000 kernel rounds;
+#: a run of more pays at most this over numba's from the start
 EARLY_BUDGET_S = 0.8
-#: a simulation starts with the early kernels if a round of each of its requests would cost at most this: past
-#: it, the budget ends before half of its rounds and numba's are loaded anyway
-EARLY_UP_TO_S = 2 * EARLY_BUDGET_S
 _early: list[EarlyKernels] = []  # made at the first run that asks
 
 
@@ -280,7 +280,7 @@ class CompiledQAS(QAS):
         """The registry's QAS for a run of ``requests`` (a live server passes none: compiled at once)."""
         qas = cls(knobs)
         early = early_kernels()
-        if 0 < len(requests) * early.round_s <= EARLY_UP_TO_S:
+        if len(requests):
             qas.early, qas.early_budget_s = early, EARLY_BUDGET_S
         return qas
 

@@ -529,8 +529,6 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
     for name in entry:
         monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
 
-    monkeypatch.setattr(qas_compiled, "EARLY_UP_TO_S", 10**9)
-
     def run(window_s, budget_s):
         monkeypatch.setattr(qas_compiled, "EARLY_BUDGET_S", budget_s)
         calls.clear()
@@ -547,6 +545,20 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
         assert used["early"] > 0 and used["numba"] > 0, used
         for res in (interpreted, switched):
             assert res.records == compiled.records and res.counters == compiled.counters
+
+
+def test_a_run_starts_with_the_early_kernels_however_long_it_is():
+    """How many requests a run has does not decide its kernels: a round of one request calls none and costs
+    the early budget nothing (a backlog front end below the knee makes one per arrival: prefix20's 204,800
+    requests made one kernel round), so a long run starts with the early kernels as a short one does and loads
+    numba's only once its kernel rounds have spent the budget; a live server (no requests) takes numba's at
+    once."""
+    from prism.policies import qas_compiled
+
+    for n in (1, 2_048, 1_000_000):
+        qas = CompiledQAS.build(None, DemandHints(), [None] * n)
+        assert qas.early is qas_compiled.early_kernels() and qas.early_budget_s == qas_compiled.EARLY_BUDGET_S
+    assert CompiledQAS.build(None, DemandHints(), []).early_budget_s == 0
 
 
 def test_the_ahead_of_time_kernels_are_built_where_there_is_a_c_compiler(monkeypatch, tmp_path):
