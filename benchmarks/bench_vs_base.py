@@ -51,6 +51,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,46 +72,61 @@ DEFAULT_CASES = ",".join(f"{n}:{pool}:{m}" for n, pool, m in TARGETS if n != 204
 
 
 class Running:
-    """The processes of a case's sides at once: the first to fail stops the others, and a side whose process
-    starts only after that (its thread was slower than the failure) is stopped as it starts, not counted on for
-    minutes while the error waits."""
+    """The processes of one case, stopped together: at once under --instructions, where the first side to fail
+    stops the other, and a side whose process starts only after that (its thread slower than the failure) is
+    stopped as it starts, not counted on for minutes while the error waits; and on Ctrl-C. Each runs in a session
+    of its own, killed whole (a child it started would hold the stderr pipe open); it stays here from its start
+    until it has exited and before it is reaped (``exited``), so that a kill never reaches a process group id
+    the system has given to others."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: list[subprocess.Popen] = []
+        self._procs: set[subprocess.Popen] = set()
         self._stopped = False
 
     def add(self, proc: subprocess.Popen) -> None:
         with self._lock:
-            self._procs.append(proc)
+            self._procs.add(proc)
             if self._stopped:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def exited(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.discard(proc)
 
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
             for proc in self._procs:
-                if proc.returncode is None:
-                    proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # not Popen.kill: it may reap the process first (poll)
 
 
 def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bool = False,
              running: Running | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one fresh ``prism-sim`` process; with ``instructions``, the billions of
-    instructions it ran (callgrind) and no RSS (nan). ``running``: where the process is registered (to stop it)."""
+    instructions it ran (callgrind) and no RSS (nan). ``running``: the case's processes, this one among them (to
+    stop them together); Ctrl-C here stops it before its folder is removed."""
     cmd = [python, "-c", "import sys; from prism.cli.sim import main; sys.exit(main())", *argv]
     if instructions:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
         cmd = ["setarch", "-R", *cmd] if shutil.which("setarch") else cmd  # the same addresses run after run
         env = {**env, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
+    running = running if running is not None else Running()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         proc = subprocess.Popen([*cmd, "--out", f"{tmp}/run"], cwd=tmp, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        if running is not None:
-            running.add(proc)
-        err = proc.stderr.read().decode()  # to the end first: a child blocked on a full pipe never exits
-        proc.stderr.close()
+                                stderr=subprocess.PIPE, start_new_session=True)
+        running.add(proc)
+        try:
+            err = proc.stderr.read().decode()  # to the end first: a child blocked on a full pipe never exits
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        except BaseException:
+            running.stop()
+            proc.wait()
+            raise
+        finally:
+            proc.stderr.close()
+        running.exited(proc)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -258,6 +274,6 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except KeyboardInterrupt:  # the children had the Ctrl-C too (one process group); any left were stopped
+    except KeyboardInterrupt:  # run_once stopped the case's processes (each in a session of its own)
         print("bench_vs_base: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -193,7 +193,7 @@ def test_hashed_tokens_are_splitmix64_of_their_position(seed, start, count, low,
     """Every token, across the blocks the array is worked in, is the position's splitmix64 in Python integers."""
     got = hashed_tokens(seed, start, count, low, low + width)
     assert got.shape == (count,) and got.dtype == np.int32
-    for i in sorted({0, count // 2, 16_383, 16_384, 16_385, count - 1} & set(range(count))):
+    for i in sorted({0, count // 2, 16_383, 16_384, 16_385, 32_767, 32_768, count - 1} & set(range(count))):
         assert int(got[i]) == _splitmix64_token(seed, start + i, low, low + width), i
 
 
