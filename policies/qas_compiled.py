@@ -29,10 +29,11 @@ Loading numba's compiled kernels costs a process about 0.3-0.4 s (``policies.qas
 simulation starts with the same kernels compiled ahead of time where the install built them
 (``policies.qas_aot``: a C extension that imports in milliseconds, its calls about 6 us dearer than numba's),
 else interpreted (about 0.2 ms a round of a few requests), until its rounds have cost about twice what loading
-numba's would have over numba's own; then numba's. A round of one request calls no kernel and costs the budget
-nothing, so how long a run is says little of how many kernel rounds it makes (prefix20 at 204,800 requests below
-the knee: one); only a live server, which warms them before it serves, takes numba's from its first round. Which
-kernels run changes no result.
+numba's would have over numba's own; then numba's. A round of one request almost never calls a kernel (its
+dispatch does where it cannot publish in Python: the first, or after a(r) was read afresh), so how long a run is
+says little of how many kernel rounds it makes (prefix20 at 204,800 requests below the knee: one); only a live
+server, which warms them before it serves, takes numba's from its first round. Which kernels run changes no
+result.
 """
 
 from __future__ import annotations
@@ -279,9 +280,8 @@ class CompiledQAS(QAS):
     def build(cls, knobs: QASConfig | None, hints: DemandHints, requests: Sequence) -> "CompiledQAS":
         """The registry's QAS for a run of ``requests`` (a live server passes none: compiled at once)."""
         qas = cls(knobs)
-        early = early_kernels()
         if len(requests):
-            qas.early, qas.early_budget_s = early, EARLY_BUDGET_S
+            qas.early, qas.early_budget_s = early_kernels(), EARLY_BUDGET_S
         return qas
 
     def __init__(self, config: QASConfig | None = None) -> None:

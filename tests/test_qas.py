@@ -547,17 +547,36 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
             assert res.records == compiled.records and res.counters == compiled.counters
 
 
-def test_a_run_starts_with_the_early_kernels_however_long_it_is():
-    """How many requests a run has does not decide its kernels: a round of one request calls none and costs
-    the early budget nothing (a backlog front end below the knee makes one per arrival: prefix20's 204,800
-    requests made one kernel round), so a long run starts with the early kernels as a short one does and loads
-    numba's only once its kernel rounds have spent the budget; a live server (no requests) takes numba's at
-    once."""
-    from prism.policies import qas_compiled
+def test_rounds_of_one_request_spend_almost_none_of_the_early_budget(monkeypatch):
+    """Below the knee a backlog front end makes a QAS round of each arrival, one request each, and they call a
+    kernel almost never (a dispatch that cannot publish in Python: the first), so how many requests a run has says
+    little of its kernel rounds: a run of any length starts with the early kernels and loads numba's only once its
+    kernel rounds have spent the budget; a live server (no requests) takes numba's at once."""
+    from types import SimpleNamespace
+
+    from prism.calibration.cost_model import load_profile
+    from prism.policies import qas_compiled, qas_round
+    from prism.settings import RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    calls = Counter()
+    counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
+    early = qas_compiled.early_kernels()
+    entry = ("plan_round", "dispatch")
+    kernels = SimpleNamespace(**{**vars(early.kernels), **{n: counting(getattr(early.kernels, n), "early")
+                                                            for n in entry}})
+    monkeypatch.setattr(qas_compiled, "_early", [early._replace(kernels=kernels)])
+    for name in entry:
+        monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
+    res = simulate(RunSpec.build(load_trace("prefix20", {"num_requests": 400}), "qas", "dart",
+                                 profile=load_profile()))
+    assert res.counters["frontend_passed"] == res.counters["qas_rounds"] == 400  # each arrival its own round
+    assert calls["numba"] == 0 and calls["early"] <= 1, calls
 
     for n in (1, 2_048, 1_000_000):
-        qas = CompiledQAS.build(None, DemandHints(), [None] * n)
-        assert qas.early is qas_compiled.early_kernels() and qas.early_budget_s == qas_compiled.EARLY_BUDGET_S
+        qas = CompiledQAS.build(None, DemandHints(), range(n))
+        assert qas.early.kernels is kernels and qas.early_budget_s == qas_compiled.EARLY_BUDGET_S
     assert CompiledQAS.build(None, DemandHints(), []).early_budget_s == 0
 
 
