@@ -501,16 +501,32 @@ def early_kernels(name: str):
     return qas_compiled.EarlyKernels(aot, qas_compiled.AOT_ROUND_S, 0.0)
 
 
+def counted_kernels(monkeypatch, early) -> Counter:
+    """Count the kernel calls of each kind from here on (``early``: the early kernels QAS is to start with):
+    "early" and "numba", a plan and a dispatch each."""
+    from types import SimpleNamespace
+
+    from prism.policies import qas_compiled, qas_round
+
+    calls = Counter()
+    counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
+    entry = ("plan_round", "dispatch")
+    kernels = SimpleNamespace(**{**vars(early.kernels), **{n: counting(getattr(early.kernels, n), "early")
+                                                            for n in entry}})
+    monkeypatch.setattr(qas_compiled, "_early", [early._replace(kernels=kernels)])
+    for name in entry:
+        monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
+    return calls
+
+
 @pytest.mark.parametrize("early_name", ["interpreted", "aot"])
 def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alike(monkeypatch, early_name):
     """The registry's QAS runs a short trace's rounds with the early kernels (interpreted, or compiled ahead
     of time) and loads numba's once they have cost their budget; a run that switches midway, one on the early
     kernels throughout and one on numba's from the first round serve alike (records and counters), in the
     engine and behind a front end."""
-    from types import SimpleNamespace
-
     from prism.calibration.cost_model import load_profile
-    from prism.policies import qas_compiled, qas_round
+    from prism.policies import qas_compiled
     from prism.settings import EngineConfig, RunSpec
     from prism.sim.run import simulate
     from prism.traces.spec import load_trace
@@ -519,15 +535,8 @@ def test_a_short_run_starts_with_early_kernels_then_loads_numbas_and_serves_alik
     # 16 running slots: the front end holds a backlog, so that rounds of several requests (the kernels'; a round of
     # one runs without them) come in both deployments: 18-26 of them
     engine = EngineConfig(max_total_tokens=32768, max_running_requests=16)
-    calls = Counter()
-    counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
     early = early_kernels(early_name)
-    entry = ("plan_round", "dispatch")
-    kernels = SimpleNamespace(**{**vars(early.kernels), **{n: counting(getattr(early.kernels, n), "early")
-                                                            for n in entry}})
-    monkeypatch.setattr(qas_compiled, "_early", [early._replace(kernels=kernels)])
-    for name in entry:
-        monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
+    calls = counted_kernels(monkeypatch, early)
 
     def run(window_s, budget_s):
         monkeypatch.setattr(qas_compiled, "EARLY_BUDGET_S", budget_s)
@@ -552,23 +561,13 @@ def test_rounds_of_one_request_spend_almost_none_of_the_early_budget(monkeypatch
     kernel almost never (a dispatch that cannot publish in Python: the first), so how many requests a run has says
     little of its kernel rounds: a run of any length starts with the early kernels and loads numba's only once its
     kernel rounds have spent the budget; a live server (no requests) takes numba's at once."""
-    from types import SimpleNamespace
-
     from prism.calibration.cost_model import load_profile
-    from prism.policies import qas_compiled, qas_round
+    from prism.policies import qas_compiled
     from prism.settings import RunSpec
     from prism.sim.run import simulate
     from prism.traces.spec import load_trace
 
-    calls = Counter()
-    counting = lambda fn, kind: lambda *a: (calls.update([kind]), fn(*a))[1]  # noqa: E731
-    early = qas_compiled.early_kernels()
-    entry = ("plan_round", "dispatch")
-    kernels = SimpleNamespace(**{**vars(early.kernels), **{n: counting(getattr(early.kernels, n), "early")
-                                                            for n in entry}})
-    monkeypatch.setattr(qas_compiled, "_early", [early._replace(kernels=kernels)])
-    for name in entry:
-        monkeypatch.setattr(qas_round.compiled(), name, counting(getattr(qas_round.compiled(), name), "numba"))
+    calls = counted_kernels(monkeypatch, qas_compiled.early_kernels())
     res = simulate(RunSpec.build(load_trace("prefix20", {"num_requests": 400}), "qas", "dart",
                                  profile=load_profile()))
     assert res.counters["frontend_passed"] == res.counters["qas_rounds"] == 400  # each arrival its own round
@@ -576,7 +575,7 @@ def test_rounds_of_one_request_spend_almost_none_of_the_early_budget(monkeypatch
 
     for n in (1, 2_048, 1_000_000):
         qas = CompiledQAS.build(None, DemandHints(), range(n))
-        assert qas.early.kernels is kernels and qas.early_budget_s == qas_compiled.EARLY_BUDGET_S
+        assert qas.early is qas_compiled.early_kernels() and qas.early_budget_s == qas_compiled.EARLY_BUDGET_S
     assert CompiledQAS.build(None, DemandHints(), []).early_budget_s == 0
 
 
