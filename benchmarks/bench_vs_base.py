@@ -61,6 +61,8 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from prism.cli.common import entry_point
+
 HERE = Path(__file__).resolve().parent.parent
 
 #: issue 31's targets (new/old of whole-process time) on prefix20, H100/Llama-3.1-8B
@@ -171,7 +173,10 @@ def _mib(rss: float) -> str:
     return "-" if math.isnan(rss) else f"{rss:.0f}M"  # not measured under --instructions
 
 
-def main() -> None:
+# Ctrl-C, SIGTERM and SIGHUP end it with one line and status 128 + the signal, as a prism command (run_once stops
+# the case's processes on the way out)
+@entry_point("bench_vs_base")
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-python", required=True, help="the older checkout's interpreter (its venv's python)")
     p.add_argument("--new-python", default=sys.executable, help="this checkout's interpreter (default: this one)")
@@ -188,7 +193,7 @@ def main() -> None:
     p.add_argument("--instructions", action="store_true",
                    help="count instructions (valgrind's callgrind) instead of timing: steady on a noisy machine")
     p.add_argument("--json", help="also write the figures to this file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.instructions and shutil.which("valgrind") is None:
         p.error("--instructions needs valgrind on PATH")
     args.repeat = args.repeat or (1 if args.instructions else 3)
@@ -269,11 +274,8 @@ def main() -> None:
         rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")  # an RSS not measured: null
     caches.cleanup()
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:  # run_once stopped the case's processes (each in a session of its own)
-        print("bench_vs_base: interrupted", file=sys.stderr)
-        sys.exit(130)
+    main()

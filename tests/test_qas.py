@@ -562,6 +562,7 @@ def test_rounds_of_one_request_spend_almost_none_of_the_early_budget(monkeypatch
     little of its kernel rounds: a run of any length starts with the early kernels and loads numba's only once its
     kernel rounds have spent the budget; a live server (no requests) takes numba's at once."""
     from prism.calibration.cost_model import load_profile
+    from prism.counters import FRONTEND_PASSED, QAS_ROUNDS
     from prism.policies import qas_compiled
     from prism.settings import RunSpec
     from prism.sim.run import simulate
@@ -570,7 +571,7 @@ def test_rounds_of_one_request_spend_almost_none_of_the_early_budget(monkeypatch
     calls = counted_kernels(monkeypatch, qas_compiled.early_kernels())
     res = simulate(RunSpec.build(load_trace("prefix20", {"num_requests": 400}), "qas", "dart",
                                  profile=load_profile()))
-    assert res.counters["frontend_passed"] == res.counters["qas_rounds"] == 400  # each arrival its own round
+    assert res.counters[FRONTEND_PASSED] == res.counters[QAS_ROUNDS] == 400  # each arrival its own round
     assert calls["numba"] == 0 and calls["early"] <= 1, calls
 
     for n in (1, 2_048, 1_000_000):

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
@@ -189,6 +189,7 @@ def _splitmix64_token(seed: int, position: int, low: int, high: int) -> int:
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**64 - 1), start=st.integers(0, 2**40), count=st.integers(0, 40_000),
        low=st.integers(0, 2**20), width=st.integers(1, 2**30))
+@example(seed=2**64 - 1, start=2**40, count=40_000, low=0, width=2**30)  # three blocks, whatever the draws
 def test_hashed_tokens_are_splitmix64_of_their_position(seed, start, count, low, width):
     """Every token, across the blocks the array is worked in, is the position's splitmix64 in Python integers."""
     got = hashed_tokens(seed, start, count, low, low + width)
