@@ -107,11 +107,15 @@ class DFSWeight(LPM):
                     parent = place
             at_place[parent].append(r)
         order: list = []
-
-        def visit(place: tuple) -> None:  # SGLang's order: heavier children first, then the place's own requests
-            for child in sorted(children.get(place, ()), key=lambda c: (-weight[c], c)):
-                visit(child)
-            order.extend(at_place.get(place, ()))
-
-        visit(root)
+        _visit(root, children, weight, at_place, order)
         return Plan(order)
+
+
+def _visit(place: tuple, children: dict, weight: dict, at_place: dict, order: list) -> None:
+    """SGLang's order below ``place``: heavier children first (ties: the older), then the place's own requests.
+
+    A function of its own, not a closure over itself: that would be a reference cycle per round, which a
+    simulation, its cyclic collector paused (``sim/run.py``), would keep until the run ends."""
+    for child in sorted(children.get(place, ()), key=lambda c: (-weight[c], c)):
+        _visit(child, children, weight, at_place, order)
+    order.extend(at_place.get(place, ()))

@@ -65,3 +65,34 @@ def chat_tokenizer_dir(tmp_path_factory) -> Path:
 
 
 __all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT", "brute_force_hits"]
+
+
+def cyclic_garbage_during(spec, every: int = 25) -> list[tuple[int, list]]:
+    """Simulate ``spec``, collecting on purpose at every ``every``-th finish: the (objects, commonest kinds) of each
+    collection that found any. Mid-run, what the run still uses is reachable, so whatever is found is garbage that
+    only the (paused) cyclic collector could free."""
+    import collections
+    import gc
+
+    from prism.sim.run import simulate
+
+    found: list[tuple[int, list]] = []
+
+    def on_record(rec):
+        if rec.id % every == 0:
+            gc.set_debug(gc.DEBUG_SAVEALL)  # keep what it finds, to name it
+            try:
+                n = gc.collect()
+                kinds = collections.Counter(type(o).__name__ for o in gc.garbage).most_common(4)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+            if n:
+                found.append((n, kinds))
+
+    gc.collect()
+    try:
+        assert len(simulate(spec, on_record=on_record).records) == len(spec.trace.requests)
+    finally:
+        gc.collect()  # what the checks kept, freed now
+    return found

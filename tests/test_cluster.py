@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from conftest import PRIV, REUSE, SYS, make_trace
+from conftest import PRIV, REUSE, SYS, cyclic_garbage_during, make_trace
 from prism.cli.sim import main as sim_main
 from prism.metrics import write_requests_csv
 from prism.settings import ClusterConfig, EngineConfig, RunSpec, settings_from
@@ -69,6 +69,12 @@ def test_every_request_served_once_on_its_instance(router):
     again = simulate(spec)  # deterministic
     assert [dataclasses.astuple(r) for r in sorted(res.records, key=lambda r: r.id)] == \
         [dataclasses.astuple(r) for r in sorted(again.records, key=lambda r: r.id)]
+
+
+@pytest.mark.parametrize("router", ["rr", "least_load", "cache_aware", "lmetric"])
+def test_a_routed_run_makes_no_cyclic_garbage(router):
+    """As a single engine's (tests/test_engine.py): the router's rounds leave no cycle for the paused collector."""
+    assert cyclic_garbage_during(_spec(3, router)) == []
 
 
 def test_router_delay_adds_to_every_wait():

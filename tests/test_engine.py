@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import PRIV, REUSE, SYS, make_trace
+from conftest import PRIV, REUSE, SYS, cyclic_garbage_during, make_trace
 from prism.calibration.cost_model import CostModel, Profile, load_profile
 from prism.sim.events import EngineEvents
 from prism.metrics import write_requests_csv
@@ -234,3 +234,12 @@ def test_the_collector_is_paused_during_a_run_and_restored_after_it_even_on_ctrl
         assert gc.isenabled() is enabled and during == [False] * 10
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("sched,evict", METHODS)
+def test_a_run_makes_no_cyclic_garbage(trace, profile, sched, evict):
+    """The collector is paused for a run because a run frees what it drops by reference counting alone; a cycle
+    made per round (a closure that calls itself, say) would stay until the run ends, its memory growing with the
+    run and collected all at once after it."""
+    spec = RunSpec.build(trace, sched, evict, engine=EngineConfig(max_total_tokens=6000), profile=profile)
+    assert cyclic_garbage_during(spec) == []
