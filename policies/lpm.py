@@ -52,8 +52,10 @@ class LPM(Scheduler):
         return out
 
     def keeps_order(self, n_waiting: int) -> bool:
-        """Whether a queue of ``n_waiting`` requests keeps its own order (past ``fcfs_threshold``, unmatched)."""
-        return n_waiting > self.config.fcfs_threshold
+        """Whether a queue of ``n_waiting`` requests keeps its own order: past ``fcfs_threshold`` (unmatched), and
+        a queue of one, which any order leaves as it is (most rounds below the knee: matching its request here
+        would only repeat the walk its admission makes)."""
+        return n_waiting > self.config.fcfs_threshold or n_waiting < 2
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if self.keeps_order(len(waiting)):

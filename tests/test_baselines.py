@@ -104,6 +104,38 @@ def test_fcfs_hands_back_the_queue_itself():
     assert plan.order is queue and [r.id for r in plan.order] == list(range(5))
 
 
+@pytest.mark.parametrize("policy", ["lpm", "dfs_weight"])
+def test_lpm_hands_back_a_queue_it_need_not_sort_itself_unread(policy):
+    """A queue of one (any order leaves it as it is) and one past the threshold keep their order: the plan is the
+    queue itself, and no prompt is read (no walk of the cache); two requests are matched and sorted."""
+    from prism.policies.lpm import DFSWeight
+
+    class Unread(W):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.sealed = True
+
+        @property
+        def key(self):
+            if getattr(self, "sealed", False):
+                raise AssertionError("a prompt was read")
+            return self._key
+
+        @key.setter
+        def key(self, value):
+            self._key = value
+
+    make = {"lpm": LPM, "dfs_weight": DFSWeight}[policy]
+    cache = RadixCache(None)
+    cache.insert(W(-1, 0.0, ["b"]).key, 0.0)
+    ctx = SchedContext(0.0, cache)
+    for queue in ([Unread(0, 0.0, ["a"])], [Unread(i, float(i), ["a"]) for i in range(129)]):
+        plan = make().plan(queue, ctx)
+        assert plan.order is queue and [r.id for r in plan.order] == list(range(len(queue)))
+    two = [W(0, 0.0, ["a"]), W(1, 1.0, ["b"])]  # 1 matches sys + b: it goes first
+    assert [r.id for r in make().plan(two, ctx).order] == [1, 0]
+
+
 @settings(max_examples=25, deadline=None)
 @given(k=st.integers(1, 4), capacity=st.sampled_from([None, 6000, 20000]), qps=st.sampled_from([40, 120, 400]),
        seed=st.integers(0, 50), admission=st.sampled_from(["sglang", "full"]))
