@@ -199,7 +199,8 @@ def _collector_paused():
     survivors again and again, and with them whatever else the process holds (every full collection walks
     the imported libraries and the sweep's traces): a fifth of an in-process sweep's time went to it. Yet a
     run makes almost no cyclic garbage before it ends (its tree, with parent links, is freed by the next
-    collection after it); reference counting frees everything else at once, paused or not."""
+    collection after it); reference counting frees everything else at once, paused or not. (Tests collect
+    mid-run and find nothing: ``cyclic_garbage_during`` in ``tests/conftest.py``.)"""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -64,9 +64,6 @@ def chat_tokenizer_dir(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("tokenizer"))
 
 
-__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT", "brute_force_hits"]
-
-
 def cyclic_garbage_during(spec, every: int = 25) -> list[tuple[int, list]]:
     """Simulate ``spec``, collecting on purpose at every ``every``-th finish: the (objects, commonest kinds) of each
     collection that found any. Mid-run, what the run still uses is reachable, so whatever is found is garbage that
@@ -87,6 +84,7 @@ def cyclic_garbage_during(spec, every: int = 25) -> list[tuple[int, list]]:
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
+                gc.collect()  # freed now, not found again by the next check
             if n:
                 found.append((n, kinds))
 
@@ -94,5 +92,10 @@ def cyclic_garbage_during(spec, every: int = 25) -> list[tuple[int, list]]:
     try:
         assert len(simulate(spec, on_record=on_record).records) == len(spec.trace.requests)
     finally:
-        gc.collect()  # what the checks kept, freed now
+        gc.collect()  # the run's own cycles (its tree), freed now
     return found
+
+
+__all__ = ["SYS", "REUSE", "PRIV", "make_trace", "need_data", "ROOT", "brute_force_hits",
+           "cyclic_garbage_during"]
+
