@@ -48,7 +48,7 @@ from prism.policies.bookkeeping import Bookkeeper
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.admission import RULES, PrefillAdder
-from prism.sim.clock import elapse
+from prism.sim.clock import Ticker
 from prism.sim.events import EngineEvents
 from prism.sim.radix_cache import RadixCache
 
@@ -151,6 +151,7 @@ class Engine:
         # the queue is not re-planned every decode step; cleared when a request leaves the running batch
         self.batch_is_full = False
         self._wake: simpy.Event | None = None
+        self.ticker = Ticker(env)  # its iterations' time (sim/clock.py)
         self.process = env.process(self._loop())
         if events is not None:
             events.attached(self)
@@ -170,7 +171,7 @@ class Engine:
         return bool((self.waiting and not self.batch_is_full) or self.chunked or self.decoding)
 
     def _loop(self):
-        env, cost, ev, host = self.env, self.cost, self.events, self.host
+        env, cost, ev, host, elapse = self.env, self.cost, self.events, self.host, self.ticker.elapse
         while True:
             if host is not None and self.has_work():
                 slot = host.acquire(self)
@@ -186,7 +187,7 @@ class Engine:
                         seq.prefill_start = start
                 if ev is not None:
                     ev.prefill_started(self, batch)
-                wait = elapse(env, cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
+                wait = elapse(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
                 if wait is not None:
                     yield wait
                 self.counters[PREFILL_ITERATIONS] += 1
@@ -215,7 +216,7 @@ class Engine:
                 extra = host.settle(self) if host is not None else 0.0
                 if ev is not None:
                     ev.decode_started(self, n)
-                wait = elapse(env, cost.decode_time(n, self.sum_ctx) + extra)
+                wait = elapse(cost.decode_time(n, self.sum_ctx) + extra)
                 if wait is not None:
                     yield wait
                 self.counters[DECODE_ITERATIONS] += 1

@@ -1,6 +1,6 @@
-"""An iteration's time passing without a SimPy event (``sim/clock.py``): the clock's rule on SimPy's own heap, and
-runs of every kind identical, file for file and iteration for iteration (the timeline), to the same runs where
-every iteration is a SimPy timeout."""
+"""An iteration's time passing without a SimPy event (``sim/clock.py``): the clock's rule on SimPy's own heap, its
+one event scheduled again as a timeout would be, and runs of every kind identical, file for file and iteration for
+iteration (the timeline), to the same runs where every iteration is a new SimPy timeout."""
 
 from __future__ import annotations
 
@@ -9,27 +9,29 @@ import json
 import pytest
 import simpy
 
-import prism.sim.engine as engine_module
+import prism.sim.clock as clock_module
 from prism.cli.sim import main as sim_main
-from prism.sim.clock import elapse
+from prism.sim.clock import Ticker
 
 
 def test_the_clock_moves_on_only_when_no_event_is_due_by_then():
     env = simpy.Environment(initial_time=1.0)
-    assert elapse(env, 0.25) is None and env.now == 1.25  # nothing scheduled
+    elapse = Ticker(env).elapse
+    assert elapse(0.25) is None and env.now == 1.25  # nothing scheduled
     env.timeout(0.5)  # due at 1.75
-    assert elapse(env, 0.25) is None and env.now == 1.5
-    wait = elapse(env, 0.25)  # ends at 1.75, with the other event: that one was scheduled first
-    assert isinstance(wait, simpy.Timeout) and env.now == 1.5
+    assert elapse(0.25) is None and env.now == 1.5
+    wait = elapse(0.25)  # ends at 1.75, with the other event: that one was scheduled first
+    assert wait is not None and env.now == 1.5
+    assert env._queue[-1][:2] == (1.75, 1) and env._queue[-1][3] is wait  # as a timeout: its end, normal priority
     env.run()
-    assert env.now == 1.75
-    assert elapse(env, 0.0) is None
+    assert env.now == 1.75 and wait.processed and wait.ok and wait.value is None
+    assert elapse(0.0) is None
 
     def process():
         yield env.timeout(1.0)
 
     env.process(process())  # an event due now (an urgent one: the process starting) goes first too
-    assert isinstance(elapse(env, 0.0), simpy.Timeout) and env.now == 1.75
+    assert elapse(0.0) is wait and env.now == 1.75  # the same event, scheduled again
 
 
 def test_a_process_sees_the_same_times_as_with_timeouts():
@@ -39,8 +41,9 @@ def test_a_process_sees_the_same_times_as_with_timeouts():
         env, seen = simpy.Environment(), []
 
         def engine():
+            ticker = Ticker(env)
             for d in (0.3, 0.1, 0.1, 0.7, 0.2, 0.1):
-                wait = elapse(env, d) if use_elapse else env.timeout(d)
+                wait = ticker.elapse(d) if use_elapse else env.timeout(d)
                 if wait is not None:
                     yield wait
                 seen.append(("engine", env.now))
@@ -86,7 +89,7 @@ def _outputs(folder):
 def test_runs_are_the_same_as_with_a_timeout_per_iteration(tmp_path, monkeypatch, name, capsys):
     args = [*RUNS[name], "--no-progress", "--timeline"]
     assert sim_main([*args, "--out", str(tmp_path / "elapse")]) == 0
-    monkeypatch.setattr(engine_module, "elapse", lambda env, delay: env.timeout(delay))
+    monkeypatch.setattr(clock_module.Ticker, "elapse", lambda self, delay: self.env.timeout(delay))
     assert sim_main([*args, "--out", str(tmp_path / "timeouts")]) == 0
     fast, plain = _outputs(tmp_path / "elapse"), _outputs(tmp_path / "timeouts")
     assert "requests.csv" in fast[0] and "timeline.json" in fast[0]

@@ -139,6 +139,40 @@ def test_a_fleet_that_cannot_make_room_is_an_error_not_a_hang(monkeypatch):
         simulate(fleet_run(trace, "timeshare", 1))
 
 
+def test_a_compute_slot_serves_waiters_by_priority_then_arrival_with_each_waiters_one_event():
+    """Three engines share a GPU's compute, each iteration taking the slot (priority: lower first, then first come)
+    and letting it go. Each waits on its one event again and again: the same turns, at the same times, as with a
+    new event for every wait."""
+    import simpy
+
+    from prism.sim.fleet import ComputeSlot
+
+    def turns(fresh: bool):
+        env = simpy.Environment()
+        slot, log = ComputeSlot(env), []
+
+        def engine(name, priority, start, iterations, d):
+            own = env.event()
+            yield env.timeout(start)
+            for _ in range(iterations):
+                wait = slot.take(name, priority, env.event() if fresh else own)
+                if wait is not None:
+                    yield wait
+                log.append((name, env.now))
+                yield env.timeout(d)
+                slot.give(name)
+
+        for args in (("a", 2.0, 0.0, 3, 1.0), ("b", 1.0, 0.5, 3, 0.5), ("c", 2.0, 0.25, 2, 0.25)):
+            env.process(engine(*args))
+        env.run()
+        return log
+
+    # a holds it first; b (the lower priority number) goes before c (waiting longer) each time the slot frees
+    expected = [("a", 0.0), ("b", 1.0), ("c", 1.5), ("b", 1.75), ("a", 2.25), ("b", 3.25), ("c", 3.75),
+                ("a", 4.0)]
+    assert turns(fresh=False) == turns(fresh=True) == expected
+
+
 # ---------------------------------------------------------------------------------------------- invariants
 class FleetAudit(EngineEvents):
     """At every iteration of every engine: its copy is active or draining, every resident model's weights are
