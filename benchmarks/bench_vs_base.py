@@ -16,9 +16,10 @@ sides in turn (at once under ``--instructions``, below), the side that goes firs
 spell on a shared machine hits both alike.
 Printed per case: the median and the fastest of each side, the ratio new/old of the medians (and of the fastest),
 the target where the issue sets one (its targets are ratios to 508aed3 of the default deployment: shown only for a
-base that is an unmodified checkout of it, on prefix20 with the default profile and no ``--new-set``), the peak RSS
-of each side, and each side's median over its own fcfs median of the same size and pool where the cases include it
-(issue 31: every method within 1.5x fcfs on zipf: ``--trace zipf --profile ''``). ``--json`` writes the figures.
+base that is an unmodified checkout of it, on prefix20 with H100/Llama-3.1-8B and no ``--qps`` or ``--new-set``),
+the peak RSS of each side, and each side's median over its own fcfs median of the same size and pool where the
+cases include it (issue 31: every method within 1.5x fcfs on zipf: ``--trace zipf --profile ''``). ``--json``
+writes the figures.
 
 Both sides run with compiled bytecode, as ``bench_start.py``'s ``cached`` condition: each side's checkout is
 compiled (``compileall``) into a temporary ``PYTHONPYCACHEPREFIX`` of its own, which its processes then read, so
@@ -227,12 +228,17 @@ def main(argv: list[str] | None = None) -> int:
         envs[side], roots[side] = compiled_env(python, f"{caches.name}/{side}")
         print(f"# {side}: {roots[side]}, compiled to bytecode", file=sys.stderr, flush=True)
     base = checkout_commit(roots["old"])
-    targeted = (base or "").startswith(TARGETS_BASE) and Path(args.trace).name == "prefix20.yaml" \
-        and args.profile == "h100-sxm-80g:llama-3.1-8b" and not args.new_set
-    if not targeted and any(_target_key(c) in TARGETS for c in cases):
+    unlike = [why for why, off in (
+        (f"the base is {base[:7] if base else 'not an unmodified git checkout'}",
+         not (base or "").startswith(TARGETS_BASE)),
+        ("the trace is not prefix20", Path(args.trace).name not in ("prefix20.yaml", "prefix20")),
+        ("the profile is not H100/Llama-3.1-8B", args.profile != p.get_default("profile")),
+        ("--qps changes the rate", args.qps is not None),
+        ("--new-set changes the deployment", bool(args.new_set))) if off]
+    targeted = not unlike
+    if unlike and any(_target_key(c) in TARGETS for c in cases):
         print(f"# no target column: issue 31's targets are ratios to {TARGETS_BASE}'s default deployment on prefix20 "
-              f"with the default profile; the base here is {base[:7] if base else 'not an unmodified git checkout'}",
-              file=sys.stderr, flush=True)
+              f"with H100/Llama-3.1-8B, and here {'; '.join(unlike)}", file=sys.stderr, flush=True)
     walls: dict[tuple[str, str], list[float]] = {(c, s): [] for c in cases for s in sides}  # or instructions
     unit = "G" if args.instructions else "s"
     rss: dict[tuple[str, str], float] = {}
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         target = TARGETS.get(_target_key(case)) if targeted else None
         row = {"case": case, "old_median_s": statistics.median(o), "new_median_s": statistics.median(n),
                "old_min_s": min(o), "new_min_s": min(n), "old_rss_mib": rss[case, "old"],
-               "new_rss_mib": rss[case, "new"], "target": target, "old_s": o, "new_s": n,
+               "new_rss_mib": rss[case, "new"], "target": target, "base_commit": base, "old_s": o, "new_s": n,
                "unit": "billions of instructions" if args.instructions else "wall seconds"}
         row["ratio"] = row["new_median_s"] / row["old_median_s"]
         row["ratio_min"] = row["new_min_s"] / row["old_min_s"]

@@ -67,7 +67,8 @@ class _Sent(SegmentedPrompt):
     in its new document order. A leaf of the index owns the request's ``_Sent``: once the engine admitted it,
     only its id and key (is its prompt still cached?), not the request (a live server's holds SGLang's). Its
     prompt is serialized when first read, and once admitted it takes the engine's own: of the 16,600 moved
-    prompts of a zipf run of 20,480 requests, LPM read 700 while they waited; the index reads most after."""
+    prompts of a zipf run of 20,480 requests, LPM read 700 while they waited (before a queue of one went unread);
+    the index reads most after."""
 
     __slots__ = ("id", "prompt_len", "request", "admitted")
 
@@ -87,7 +88,8 @@ class _Sent(SegmentedPrompt):
 class ContextPilot(Scheduler):
     """ContextPilot in front of the engine's own scheduler (module docstring): each request is indexed and
     reordered once, the first round it waits in; every round the engine's order runs on the prompts as sent (an
-    order that keeps the queue's, FCFS or LPM past its threshold, reads none: the queue itself)."""
+    order that keeps the queue's, FCFS, or LPM past its threshold or on a queue of one, reads none: the queue
+    itself)."""
 
     name = "contextpilot"
     Knobs = ContextPilotConfig
@@ -129,8 +131,8 @@ class ContextPilot(Scheduler):
             for r in new:
                 self._send(r, alive)
         if self.engine.keeps_order(len(waiting)):
-            # FCFS, or LPM past its threshold, reads no prompt: the queue itself, whose admitted head an engine
-            # then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
+            # FCFS, or LPM past its threshold or on one request, reads no prompt: the queue itself, whose admitted
+            # head an engine then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
             return Plan(waiting if isinstance(waiting, list) else list(waiting), self.align)
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r)) for r in waiting]  # a retracted one

@@ -16,7 +16,8 @@ The timeout it yields is one event of its own, scheduled again for each wait, wh
 object every time: the engines of a fleet wait on most of their iterations (another GPU's comes first), and making
 the object is over a third of what scheduling and processing a wait costs (0.25 of 0.65 µs). SimPy sees a timeout:
 the same entry on its heap (the end, normal priority, the next serial number), processed as a timeout is (a success
-without a value). It is safe because the engine alone waits on it, and only once SimPy has processed its last use.
+without a value), though it is a plain event, not a ``simpy.Timeout``. It is safe because the engine alone waits on
+it, and only once SimPy has processed its last use (checked: an engine is never interrupted mid-wait).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Ticker:
         heap = env._queue  # SimPy's own (time, priority, serial, event) heap: Environment.peek without its call
         if heap and heap[0][0] <= end:
             wait = self._wait
+            if wait.callbacks:  # still waited on: its last use is on the heap (an interrupt would leave it there)
+                raise RuntimeError("an engine's wait was scheduled again before SimPy processed it")
             wait.callbacks = []  # SimPy emptied them (None) when it processed the last wait
             heappush(heap, (end, NORMAL, next(env._eid), wait))  # Environment.schedule, as a Timeout does
             return wait

@@ -90,11 +90,14 @@ class ComputeSlot:
     def take(self, who: Any, priority: float, wait: simpy.Event) -> simpy.Event | None:
         """Take the slot for ``who``: None if it is ``who``'s now, else ``wait``, which fires when it is. ``wait`` is
         the asker's own event, made pending again here (its last use fired, and SimPy processed it, before it asks
-        again): an engine waits for the slot at most of its iterations (78% in ``bench_fleet.py``'s shared fleet),
-        and this and the engines' own reused timeout (``sim/clock.py``) took 6% of that fleet's instructions."""
+        again): an engine waits for the slot on most of its iterations (78% of them in ``bench_fleet.py``'s shared
+        fleet); reusing this event, and the engines' own timeout (``sim/clock.py``), saved 6% of that fleet's
+        instructions."""
         if self.holder is None:
             self.holder = who
             return None
+        if wait.callbacks:  # a process still waits on it
+            raise RuntimeError(f"{who} asks for a compute slot while it waits for one")
         wait.callbacks, wait._value = [], PENDING  # as simpy.Event() leaves a new one
         self._n += 1
         heapq.heappush(self._waiting, (priority, self._n, who, wait))

@@ -200,7 +200,8 @@ def _collector_paused():
     the imported libraries and the sweep's traces): a fifth of an in-process sweep's time went to it. Yet a
     run makes almost no cyclic garbage before it ends (its tree, with parent links, is freed by the next
     collection after it); reference counting frees everything else at once, paused or not. (Tests collect
-    mid-run and find nothing: ``cyclic_garbage_during`` in ``tests/conftest.py``.)"""
+    mid-run and find nothing, for every method on one engine and every router: ``cyclic_garbage_during`` in
+    ``tests/conftest.py``. A fleet leaves each copy it unloads, engine and tree, to the end of the run.)"""
     was = gc.isenabled()
     gc.disable()
     try:

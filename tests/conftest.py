@@ -77,13 +77,14 @@ def cyclic_garbage_during(spec, every: int = 25) -> list[tuple[int, list]]:
 
     def on_record(rec):
         if rec.id % every == 0:
-            gc.set_debug(gc.DEBUG_SAVEALL)  # keep what it finds, to name it
+            debug, kept = gc.get_debug(), len(gc.garbage)
+            gc.set_debug(debug | gc.DEBUG_SAVEALL)  # keep what it finds, to name it
             try:
                 n = gc.collect()
-                kinds = collections.Counter(type(o).__name__ for o in gc.garbage).most_common(4)
+                kinds = collections.Counter(type(o).__name__ for o in gc.garbage[kept:]).most_common(4)
             finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
+                gc.set_debug(debug)
+                del gc.garbage[kept:]
                 gc.collect()  # freed now, not found again by the next check
             if n:
                 found.append((n, kinds))

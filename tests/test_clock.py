@@ -1,6 +1,7 @@
 """An iteration's time passing without a SimPy event (``sim/clock.py``): the clock's rule on SimPy's own heap, its
 one event scheduled again as a timeout would be, and runs of every kind identical, file for file and iteration for
-iteration (the timeline), to the same runs where every iteration is a new SimPy timeout."""
+iteration (the timeline), to the same runs where every iteration is a new SimPy timeout and every wait for a GPU's
+compute a new event."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import simpy
 
 import prism.sim.clock as clock_module
+import prism.sim.fleet as fleet_module
 from prism.cli.sim import main as sim_main
 from prism.sim.clock import Ticker
 
@@ -22,9 +24,11 @@ def test_the_clock_moves_on_only_when_no_event_is_due_by_then():
     assert elapse(0.25) is None and env.now == 1.5
     wait = elapse(0.25)  # ends at 1.75, with the other event: that one was scheduled first
     assert wait is not None and env.now == 1.5
-    assert env._queue[-1][:2] == (1.75, 1) and env._queue[-1][3] is wait  # as a timeout: its end, normal priority
+    real = env.timeout(0.25)  # a real timeout of the same delay, scheduled next: the same entry but its serial
+    (end, priority, serial, event), (t_end, t_priority, t_serial, _) = sorted(env._queue, key=lambda e: e[2])[-2:]
+    assert (end, priority, serial + 1, event) == (t_end, t_priority, t_serial, wait) and end == 1.75
     env.run()
-    assert env.now == 1.75 and wait.processed and wait.ok and wait.value is None
+    assert env.now == 1.75 and wait.processed and wait.ok and wait.value is None and real.processed
     assert elapse(0.0) is None
 
     def process():
@@ -32,6 +36,22 @@ def test_the_clock_moves_on_only_when_no_event_is_due_by_then():
 
     env.process(process())  # an event due now (an urgent one: the process starting) goes first too
     assert elapse(0.0) is wait and env.now == 1.75  # the same event, scheduled again
+
+
+def test_a_wait_scheduled_again_while_a_process_waits_on_it_is_an_error():
+    """The reused event is safe only once SimPy has processed its last use (an interrupted wait would leave it on the
+    heap, to wake the engine early): asked again before that, it refuses."""
+    env = simpy.Environment()
+    ticker = Ticker(env)
+    env.timeout(0.1)  # due first: the wait is an event
+
+    def engine():
+        yield ticker.elapse(1.0)
+
+    env.process(engine())
+    env.step()  # the process starts and waits
+    with pytest.raises(RuntimeError, match="scheduled again"):
+        ticker.elapse(0.5)
 
 
 def test_a_process_sees_the_same_times_as_with_timeouts():
@@ -90,6 +110,9 @@ def test_runs_are_the_same_as_with_a_timeout_per_iteration(tmp_path, monkeypatch
     args = [*RUNS[name], "--no-progress", "--timeline"]
     assert sim_main([*args, "--out", str(tmp_path / "elapse")]) == 0
     monkeypatch.setattr(clock_module.Ticker, "elapse", lambda self, delay: self.env.timeout(delay))
+    take = fleet_module.ComputeSlot.take  # and a new event for every wait for a GPU's compute
+    monkeypatch.setattr(fleet_module.ComputeSlot, "take", lambda self, who, priority, wait:
+                        take(self, who, priority, self.env.event()))
     assert sim_main([*args, "--out", str(tmp_path / "timeouts")]) == 0
     fast, plain = _outputs(tmp_path / "elapse"), _outputs(tmp_path / "timeouts")
     assert "requests.csv" in fast[0] and "timeline.json" in fast[0]

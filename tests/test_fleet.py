@@ -171,6 +171,17 @@ def test_a_compute_slot_serves_waiters_by_priority_then_arrival_with_each_waiter
     expected = [("a", 0.0), ("b", 1.0), ("c", 1.5), ("b", 1.75), ("a", 2.25), ("b", 3.25), ("c", 3.75),
                 ("a", 4.0)]
     assert turns(fresh=False) == turns(fresh=True) == expected
+    env = simpy.Environment()
+    slot, own = ComputeSlot(env), env.event()
+    slot.take("a", 0.0, env.event())
+
+    def waiting():
+        yield slot.take("b", 0.0, own)
+
+    env.process(waiting())
+    env.step()  # b waits on its event
+    with pytest.raises(RuntimeError, match="while it waits"):
+        slot.take("b", 0.0, own)  # its one event, asked for again meanwhile
 
 
 # ---------------------------------------------------------------------------------------------- invariants
