@@ -64,6 +64,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from prism.cli.common import entry_point
+from prism.output import check_out_file, write_atomic_text
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -218,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.instructions and shutil.which("valgrind") is None:
         p.error("--instructions needs valgrind on PATH")
+    if args.json:  # an unusable path: one line now, not after minutes of runs
+        check_out_file(args.json, "--json")
     args.repeat = args.repeat or (1 if args.instructions else 3)
     new_only = [a for kv in args.new_set for a in ("--set", kv)]
     sides = {"old": args.base_python, "new": args.new_python}
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{vs.get('old', float('nan')):8.2f} {vs.get('new', float('nan')):8.2f}")
     if args.json:
         rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")  # an RSS not measured: null
+        write_atomic_text(args.json, json.dumps(rows, indent=2) + "\n")  # an RSS not measured: null
     caches.cleanup()
     return 0
 
