@@ -110,26 +110,16 @@ def test_lpm_hands_back_a_queue_it_need_not_sort_itself_unread(policy):
     queue itself, and no prompt is read (no walk of the cache); two requests are matched and sorted."""
     from prism.policies.lpm import DFSWeight
 
-    class Unread(W):
-        def __init__(self, *args):
-            super().__init__(*args)
-            self.sealed = True
-
-        @property
-        def key(self):
-            if getattr(self, "sealed", False):
-                raise AssertionError("a prompt was read")
-            return self._key
-
-        @key.setter
-        def key(self, value):
-            self._key = value
+    def unread(queue):  # requests without a prompt key: reading one raises
+        for r in queue:
+            del r.key
+        return queue
 
     make = {"lpm": LPM, "dfs_weight": DFSWeight}[policy]
     cache = RadixCache(None)
     cache.insert(W(-1, 0.0, ["b"]).key, 0.0)
     ctx = SchedContext(0.0, cache)
-    for queue in ([Unread(0, 0.0, ["a"])], [Unread(i, float(i), ["a"]) for i in range(129)]):
+    for queue in (unread([W(0, 0.0, ["a"])]), unread([W(i, float(i), ["a"]) for i in range(129)])):
         plan = make().plan(queue, ctx)
         assert plan.order is queue and [r.id for r in plan.order] == list(range(len(queue)))
     two = [W(0, 0.0, ["a"]), W(1, 1.0, ["b"])]  # 1 matches sys + b: it goes first
