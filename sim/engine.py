@@ -242,9 +242,14 @@ class Engine:
                 self.rule.idle()
                 if ev is not None:
                     ev.idle(self)
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                arrival = self.ticker.next_arrival()
+                if arrival is None:  # arrivals come as events: a submit wakes it
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                else:  # its clock sends them (sim/clock.py)
+                    yield arrival
+                    self.ticker.arrived()
 
     # ------------------------------------------------------------------ KV space
     def free(self) -> float:

@@ -88,7 +88,9 @@ def _simulate(spec: RunSpec, progress: bool, on_record: Callable[[RequestRecord]
         from prism.sim.cluster import RouterProcess  # only a routed run imports the router's process
     entry = instances[0].entry if policy is None else RouterProcess(run.env, instances, policy, spec.cluster.router_delay_s,
                                                               spec.cluster.view_interval_s)
-    run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit())
+    alone = policy is None and instances[0].front is None  # the engine is the only process: its clock sends arrivals
+    run.client = Client(run.env, entry, spec.trace.requests, spec.client_limit(),
+                        clock=instances[0].engine.ticker if alone else None)
 
     def result(complete: bool) -> SimResult:
         counters: dict[str, int] = {}
