@@ -22,12 +22,13 @@ it, and only once SimPy has processed its last use (checked: an engine is never 
 An engine that is the run's only process (no router, no front end, no other model's engine) is sent its arrivals
 by its clock too (:meth:`Ticker.feed`), not by a client's process: each arrival is another SimPy event, and
 nearly every iteration's would make the engine wait as well (prefix20, 20,480 requests: 37,558 events, 3-6% of
-a whole process by wall time, 2.7% by instructions). The clock sends them as the process would have been resumed: at the times its timeouts would have set
-(the clock plus the gap, which may differ from the arrival in the last bit), those due during an iteration before
-it ends, and an idle engine waits for the next. A tie is settled as SimPy's heap settles it: the first arrival
-pending when an iteration starts goes before the iteration's end if both fall at the same time (its timeout was
-on the heap first), a later one at that time after it (its timeout would have come later); arrivals due at the
-same time go together, as a process sends them without a wait.
+a whole process by wall time, 2.7% by instructions). The clock sends them as the process would have been
+resumed: at the times its timeouts would have set (the clock plus the gap, which may differ from the arrival in
+the last bit), those due during an iteration before it ends, and an idle engine waits for the next. A tie is
+settled as SimPy's heap settles it: the first arrival pending when an iteration starts goes before the
+iteration's end if both fall at the same time (its timeout was on the heap first), a later one at that time
+after it (its timeout would have come later); arrivals due at the same time go together, as a process sends
+them without a wait.
 """
 
 from __future__ import annotations
