@@ -45,7 +45,7 @@ class Ticker:
     """One engine's clock: :meth:`elapse` lets an iteration's time pass; fed the run's arrivals (:meth:`feed`), it
     sends them as it passes them."""
 
-    __slots__ = ("env", "_wait", "_times", "_send", "_next", "_due")
+    __slots__ = ("env", "_wait", "_times", "_send", "_next", "_due", "fed")
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
@@ -55,11 +55,12 @@ class Ticker:
         self._send: Callable[[int], None] | None = None
         self._next = 0
         self._due = math.inf  # when the next arrival is sent (inf: none left, or none fed)
+        self.fed = False  # whether it sends the arrivals (feed)
 
     def feed(self, times: Sequence[float], send: Callable[[int], None]) -> None:
         """From now on this clock sends the run's arrivals: ``send(i)`` at ``times[i]`` (not decreasing). Only for an
         engine that is the run's only process (module docstring): no other process's event may fall among them."""
-        self._times, self._send, self._next = times, send, 0
+        self._times, self._send, self._next, self.fed = times, send, 0, True
         self._due = times[0] if len(times) else math.inf
 
     def elapse(self, delay: float) -> simpy.Event | None:
@@ -71,7 +72,12 @@ class Ticker:
         if heap and heap[0][0] <= end:
             if self._due <= end:
                 raise RuntimeError("an engine fed its arrivals is not the run's only process")
-            return self._wait_until(end)
+            wait = self._wait
+            if wait.callbacks:  # still waited on: its last use is on the heap (an interrupt would leave it there)
+                raise RuntimeError("an engine's wait was scheduled again before SimPy processed it")
+            wait.callbacks = []  # SimPy emptied them (None) when it processed the last wait
+            heappush(heap, (end, NORMAL, next(env._eid), wait))  # Environment.schedule, as a Timeout does
+            return wait
         if self._due <= end:
             if self._due == end:  # the first pending arrival goes first at a tie; a later one at `end` after
                 self._send_due()
@@ -80,23 +86,14 @@ class Ticker:
         env._now = end  # what Environment.step sets on popping the timeout (simpy/core.py)
         return None
 
-    def next_arrival(self) -> simpy.Event | None:
-        """For an idle engine: the event to wait on, due when the next arrival is sent (then call :meth:`arrived`),
-        or never if none is left; None where the clock is not fed (a submit wakes the engine)."""
-        if self._send is None:
-            return None
-        if self._due == math.inf:
-            return simpy.Event(self.env)
-        return self._wait_until(self._due)  # when the process's timeout would have resumed it
-
-    def _wait_until(self, t: float) -> simpy.Event:
-        """The engine's one wait, on SimPy's heap for ``t`` as a timeout is (``Environment.schedule``)."""
-        wait = self._wait
-        if wait.callbacks:  # still waited on: its last use is on the heap (an interrupt would leave it there)
-            raise RuntimeError("an engine's wait was scheduled again before SimPy processed it")
-        wait.callbacks = []  # SimPy emptied them (None) when it processed the last wait
-        env = self.env
-        heappush(env._queue, (t, NORMAL, next(env._eid), wait))
+    def next_arrival(self) -> simpy.Event:
+        """For an idle engine whose clock is fed: the event to wait on, due when the next arrival is sent (then call
+        :meth:`arrived`), or never if none is left. A new event, as the engine's wake-up is where it is not fed, due
+        at the send time itself (a timeout would be due at now plus the gap)."""
+        wait = simpy.Event(self.env)
+        if self._due < math.inf:
+            wait._ok, wait._value = True, None
+            heappush(self.env._queue, (self._due, NORMAL, next(self.env._eid), wait))
         return wait
 
     def arrived(self) -> None:

@@ -242,14 +242,13 @@ class Engine:
                 self.rule.idle()
                 if ev is not None:
                     ev.idle(self)
-                arrival = self.ticker.next_arrival()
-                if arrival is None:  # arrivals come as events: a submit wakes it
+                if self.ticker.fed:  # its clock sends the arrivals (sim/clock.py)
+                    yield self.ticker.next_arrival()
+                    self.ticker.arrived()
+                else:  # arrivals come as events: a submit wakes it
                     self._wake = env.event()
                     yield self._wake
                     self._wake = None
-                else:  # its clock sends them (sim/clock.py)
-                    yield arrival
-                    self.ticker.arrived()
 
     # ------------------------------------------------------------------ KV space
     def free(self) -> float:

@@ -179,14 +179,13 @@ class _Toy:
                 if wait is not None:
                     yield wait
                 continue
-            arrival = self.ticker.next_arrival()
-            if arrival is None:
+            if self.ticker.fed:
+                yield self.ticker.next_arrival()
+                self.ticker.arrived()
+            else:
                 self._wake = self.env.event()
                 yield self._wake
                 self._wake = None
-            else:
-                yield arrival
-                self.ticker.arrived()
 
 
 def _toy_run(arrivals, fed: bool):
