@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import simpy
 
@@ -13,16 +13,16 @@ from prism.sim.clock import Ticker
 from prism.sim.engine import Engine, Seq
 
 
-def send_times(requests: Sequence[Request], start: float = 0.0) -> list[float]:
+def send_times(requests: Iterable[Request], start: float = 0.0) -> Iterator[float]:
     """When the replay sends each request, from a clock at ``start``: at its arrival as a SimPy timeout reaches it
-    (the clock plus the gap, which may differ from the arrival in the last bit), or at once if it is due already."""
-    out, now = [], start
+    (the clock plus the gap, which may differ from the arrival in the last bit), or at once if it is due already.
+    :meth:`Client._replay`'s clock, which ``tests/test_clock.py`` holds equal to it."""
+    now = start
     for req in requests:
         delay = req.arrival - now
         if delay > 0:
             now = now + delay  # Environment.schedule's time
-        out.append(now)
-    return out
+        yield now
 
 
 class Client:

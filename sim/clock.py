@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from heapq import heappush
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator
 
 import simpy
 from simpy.events import NORMAL
@@ -51,17 +51,18 @@ class Ticker:
         self.env = env
         self._wait = simpy.Event(env)
         self._wait._ok, self._wait._value = True, None  # a timeout's outcome
-        self._times: Sequence[float] = ()
+        self._times: Iterator[float] = iter(())
         self._send: Callable[[int], None] | None = None
         self._next = 0
         self._due = math.inf  # when the next arrival is sent (inf: none left, or none fed)
         self.fed = False  # whether it sends the arrivals (feed)
 
-    def feed(self, times: Sequence[float], send: Callable[[int], None]) -> None:
-        """From now on this clock sends the run's arrivals: ``send(i)`` at ``times[i]`` (not decreasing). Only for an
-        engine that is the run's only process (module docstring): no other process's event may fall among them."""
-        self._times, self._send, self._next, self.fed = times, send, 0, True
-        self._due = times[0] if len(times) else math.inf
+    def feed(self, times: Iterable[float], send: Callable[[int], None]) -> None:
+        """From now on this clock sends the run's arrivals: ``send(i)`` at the i-th of ``times`` (not decreasing;
+        read as it goes). Only for an engine that is the run's only process (module docstring): no other process's
+        event may fall among them."""
+        self._times, self._send, self._next, self.fed = iter(times), send, 0, True
+        self._due = next(self._times, math.inf)
 
     def elapse(self, delay: float) -> simpy.Event | None:
         """Let ``delay`` seconds pass for the running process: None when the clock has moved on at once (no other
@@ -102,14 +103,12 @@ class Ticker:
 
     def _send_due(self) -> None:
         """Send the arrivals due at the next one's time, the clock set to it (a process sends them without a wait)."""
-        times, i = self._times, self._next
-        t = self._due
+        times, send, i, t = self._times, self._send, self._next, self._due
         self.env._now = t
-        n = len(times)
         while True:
-            self._send(i)
+            send(i)
             i += 1
-            if i == n or times[i] != t:
+            due = next(times, math.inf)
+            if due != t:
                 break
-        self._next = i
-        self._due = times[i] if i < n else math.inf
+        self._next, self._due = i, due

@@ -12,7 +12,7 @@ import json
 import pytest
 import simpy
 
-from conftest import REUSE, SYS, make_trace
+from conftest import SYS, make_trace
 
 import prism.sim.clock as clock_module
 import prism.sim.fleet as fleet_module
@@ -211,7 +211,7 @@ def test_a_lone_engines_clock_sends_arrivals_as_a_process_would():
     assert late != 3.03
     assert fed[0] == [(0.0, (0, 1)), (0.25, (2,)), (0.5, (3,)), (0.75, (4, 5, 6)), (late, (7,)), (4.0, (8, 9)),
                       (4.25, (10,))]
-    assert [t for _, t in fed[1]] == send_times(make_trace([(t, [(SYS, "s", 4)], 1) for t in arrivals]).requests)
+    assert [t for _, t in fed[1]] == list(send_times(make_trace([(t, [(SYS, "s", 4)], 1) for t in arrivals]).requests))
 
 
 class _Iterations(EngineEvents):
