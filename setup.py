@@ -1,11 +1,16 @@
-"""The one compiled part of the install: QAS's kernels as a C extension (``policies/qas_aot.py``). Everything else
-is in pyproject.toml. Where numba or a C compiler is missing, the install goes on without the extension."""
+"""The compiled parts of the install: QAS's kernels as a C extension (``policies/qas_aot.py``) and the
+simulator's hot modules compiled by mypyc (``prism/native.py``). Everything else is in pyproject.toml. Where
+numba, mypy or a C compiler is missing, the install goes on without them."""
 
 import importlib.util
+import os
+import shutil
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+
+HERE = Path(__file__).resolve().parent
 
 
 def _from_file(name: str, path: Path):
@@ -16,12 +21,12 @@ def _from_file(name: str, path: Path):
     return module
 
 
-def _skipped(e: Exception) -> None:
-    print(f"prism-serve: QAS's kernels are not compiled ahead of time ({type(e).__name__}: {e})", file=sys.stderr)
+def _skipped(e: Exception, what: str = "QAS's kernels are") -> None:
+    print(f"prism-serve: {what} not compiled ahead of time ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def qas_extension() -> list:
-    here = Path(__file__).resolve().parent / "policies"
+    here = HERE / "policies"
     try:
         aot = _from_file("_prism_qas_aot", here / "qas_aot.py")
         cc = aot.compiler(_from_file("_prism_qas_round", here / "qas_round.py"))
@@ -33,20 +38,76 @@ def qas_extension() -> list:
     return [ext]
 
 
+def native_extensions(build_temp: str, package_dir: dict[str, str]) -> list:
+    """mypyc's extensions for ``prism/native.py``'s modules, generated under ``build_temp`` (mypy type-checks them
+    first: a type error fails the build of these, not the install). mypy names a module by its folder, so it reads
+    the package as installed: a tree of links under ``build_temp``, made by ``package_dir`` (pyproject's)."""
+    from mypyc.build import mypycify
+
+    native = _from_file("_prism_native", HERE / "prism" / "native.py")
+    stage = Path(build_temp, "native-src")
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "prism").mkdir(parents=True)
+    for item in (HERE / package_dir["prism"]).iterdir():
+        os.symlink(item, stage / "prism" / item.name)
+    for package, folder in package_dir.items():
+        if package != "prism":
+            os.symlink(HERE / folder, stage / Path(*package.split(".")))
+    sources = {name: (HERE / path).read_bytes() for name, path in native.MODULES.items()}
+    files = [str(stage / "prism" / Path(*name.split(".")[1:]).with_suffix(".py")) for name in native.MODULES]
+    return mypycify([*files, "--ignore-missing-imports", "--follow-imports=silent",
+                     "--cache-dir", str(Path(build_temp, "mypy-cache"))],
+                    group_name=native.group_name(sources), target_dir=str(Path(build_temp, "native-c")))
+
+
 def optional_build():
-    """numba's build_ext, made optional: a failed build (no C compiler, kernels this numba cannot compile)
-    leaves the early rounds interpreted and the rest to numba's JIT, as without the extension."""
+    """build_ext, made optional: a failed build (no C compiler, kernels this numba cannot compile, no mypy) leaves
+    that part interpreted: QAS's early rounds (the rest go to numba's JIT) or the simulator's modules. It adds
+    mypyc's extensions when it is set up to run (not when setup.py is read: pip reads it three times an install)."""
     from setuptools.command import build_ext
 
     class OptionalBuildExt(build_ext.build_ext):
+        def finalize_options(self):
+            temp = os.path.abspath(self.build_temp or self.get_finalized_command("build").build_temp)
+            try:
+                native = native_extensions(temp, self.distribution.package_dir)
+            except Exception as e:  # noqa: BLE001  no mypy (ImportError), a C compiler missing
+                _skipped(e, "the simulator's modules are")
+                native = []
+            except SystemExit as e:  # mypy found a type error
+                _skipped(RuntimeError(f"mypy exit {e.code}"), "the simulator's modules are")
+                native = []
+            self._native = {e.name for e in native}
+            self.distribution.ext_modules = [*(self.distribution.ext_modules or []), *native]
+            super().finalize_options()
+
+        def run(self):
+            super().run()
+            if self._native:
+                self._drop_old_groups()
+
+        def _drop_old_groups(self):
+            """An editable install builds into the checkout: the libraries of earlier builds go."""
+            group = next(name for name in self._native if name.endswith("__mypyc"))
+            kept = Path(self.get_ext_fullpath(group))
+            for old in kept.parent.glob("native_*__mypyc*"):
+                if old != kept:
+                    old.unlink()
+
         def build_extension(self, ext):
             try:
                 super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  any failure: the install goes on without it
-                _skipped(e)
+                _skipped(e, "the simulator's modules are" if ext.name in self._native else "QAS's kernels are")
 
     return {"build_ext": OptionalBuildExt}
 
 
-extensions = qas_extension()
-setup(ext_modules=extensions, cmdclass=optional_build() if extensions else {})
+class CompiledDistribution(Distribution):
+    """Always built with build_ext (mypyc's extensions are added when it runs)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(ext_modules=qas_extension(), cmdclass=optional_build(), distclass=CompiledDistribution)

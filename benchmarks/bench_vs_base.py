@@ -149,19 +149,21 @@ def run_once(python: str, argv: list[str], env: dict[str, str], instructions: bo
         return wall, usage.ru_maxrss / 1024
 
 
-def compiled_env(python: str, cache: str) -> tuple[dict[str, str], str]:
+def compiled_env(python: str, cache: str) -> tuple[dict[str, str], str, str]:
     """The environment in which ``python``'s processes read the bytecode of its checkout (the one whose ``prism``
-    it imports), compiled into ``cache`` (module docstring); and the checkout's root."""
+    it imports), compiled into ``cache`` (module docstring); the checkout's root; and whether it runs the modules
+    its install compiled (``prism/native.py``'s status; ``none`` before there were any)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = cache
     with tempfile.TemporaryDirectory() as tmp:
-        where = "import pathlib, prism; print(pathlib.Path(prism.__file__).parent.parent)"
-        root = subprocess.run([python, "-c", where], cwd=tmp, env=env, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        where = ("import pathlib, prism; print(pathlib.Path(prism.__file__).parent.parent); "
+                 "print(prism.native.status() if hasattr(prism, 'native') else 'none')")
+        root, native = subprocess.run([python, "-c", where], cwd=tmp, env=env, capture_output=True, text=True,
+                                      check=True).stdout.split()
         skip = r"/(\.venv[^/]*|\.git|tests|notebooks)(/|$)"
         subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", skip, root], cwd=tmp, env=env,
                        stdout=subprocess.DEVNULL, check=True)
-    return env, root
+    return env, root, native
 
 
 def checkout_commit(root: str) -> str | None:
@@ -228,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     caches = tempfile.TemporaryDirectory()
     envs, roots = {}, {}
     for side, python in sides.items():
-        envs[side], roots[side] = compiled_env(python, f"{caches.name}/{side}")
-        print(f"# {side}: {roots[side]}, compiled to bytecode", file=sys.stderr, flush=True)
+        envs[side], roots[side], native = compiled_env(python, f"{caches.name}/{side}")
+        print(f"# {side}: {roots[side]}, compiled to bytecode; compiled modules: {native}", file=sys.stderr,
+              flush=True)
     base = checkout_commit(roots["old"])
     unlike = [why for why, off in (
         (f"the base is {base[:7] if base else 'not an unmodified git checkout'}",

@@ -115,9 +115,12 @@ class WaitingRequest(Protocol):
     id: int
     arrival: float
     segments: tuple[Segment, ...]  # the current order (after any realignment)
-    key: bytes  # serialized prompt as int32 bytes
     prompt_len: int
     fixed_order: bool  # True: the reusable segments must keep their order (no alignment)
+
+    @property
+    def key(self) -> bytes:
+        """The serialized prompt as int32 bytes."""
 
 
 @runtime_checkable

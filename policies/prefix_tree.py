@@ -17,9 +17,14 @@ split it at the match and go on into its upper part (admission and insertion).
 
 from __future__ import annotations
 
+from typing import Any
+
+from mypy_extensions import mypyc_attr
+
 from prism.core import TOKEN_BYTES
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a router's tree and the live peek index (prism/native.py)
 class PrefixTree:
     """A radix tree over token bytes in pages of ``page_size`` tokens; subclasses own ``root`` and ``_split``.
 
@@ -35,7 +40,7 @@ class PrefixTree:
             raise ValueError("page_size must be >= 1")
         self.page_size = page_size
         self._pb = page_size * TOKEN_BYTES
-        self.root = None
+        self.root: Any = None  # the subclass's node
 
     def _lcp(self, a: bytes, b: bytes) -> int:
         """Common prefix of two token byte strings, in tokens, floored to the page size.

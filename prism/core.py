@@ -23,6 +23,7 @@ from operator import attrgetter
 from typing import Iterable, Sequence
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 SYS, REUSE, PRIV = "sys", "reuse", "priv"
 KINDS = (SYS, REUSE, PRIV)
@@ -244,6 +245,7 @@ class Request:
         return serialize(self.segments)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the live plugin's and ContextPilot's prompts (prism/native.py)
 class SegmentedPrompt:
     """A prompt held as its segments in their current order; the serialized token bytes (``key``) and the
     layout are made when first needed, so a scheduler that realigns a request before admission has its prompt
@@ -253,7 +255,8 @@ class SegmentedPrompt:
 
     def set_segments(self, segments: tuple[Segment, ...]) -> None:
         self.segments = segments
-        self._key = self._layout = None
+        self._key: bytes | None = None
+        self._layout: tuple[tuple[int, str, str], ...] | None = None
 
     @property
     def key(self) -> bytes:
@@ -275,7 +278,9 @@ class SegmentedPrompt:
 def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: int) -> tuple[Segment, ...] | None:
     """The prompt with its reusable segments in ``skeleton`` order (the system prompt stays first, private
     segments last), or None if that is the order it has. Both engines apply a scheduler's realignment so."""
-    head, reuse, tail = [], {}, []
+    head: list[Segment] = []
+    tail: list[Segment] = []
+    reuse: dict[str, Segment] = {}
     for s in segments:
         if s.kind == REUSE:
             reuse[s.id] = s

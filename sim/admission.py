@@ -94,7 +94,7 @@ class SGLangRule:
     #: the engine owes an admitted request its prompt's KV only (its decode is estimated, and may retract)
     owes_decode = False
 
-    def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
+    def fits(self, seq: Seq, new: int, available: int | float, offset: float) -> bool:
         return new + self.max_new(seq) + self.page < available - offset
 
     def charge(self, seq: Seq, take: int, last: bool) -> int:
@@ -124,7 +124,7 @@ class SGLangRule:
             return
         step = eng.step
         order = keep_order(list(eng.active.values()), lambda s: s.generated(step), lambda s: s.prompt_len)
-        retracted = []
+        retracted: list[Seq] = []
         keep = 0 if eng.shared_pool else 1  # SGLang's own pool holds any one request; a shared one may not
         while len(order) > keep and (not retracted or len(order) > eng.reclaimable()):
             seq = order.pop()
@@ -152,7 +152,7 @@ class FullRule:
     def __init__(self, cfg: EngineConfig) -> None:
         pass
 
-    def fits(self, seq: Seq, new: int, available: float, offset: float) -> bool:
+    def fits(self, seq: Seq, new: int, available: int | float, offset: float) -> bool:
         return new + seq.output_len - 1 <= available  # the last token's KV is never computed
 
     def charge(self, seq: Seq, take: int, last: bool) -> int:
@@ -172,7 +172,7 @@ class FullRule:
 
 
 #: ``engine.admission`` -> its rule
-RULES = {"sglang": SGLangRule, "full": FullRule}
+RULES: dict[str, type[SGLangRule] | type[FullRule]] = {"sglang": SGLangRule, "full": FullRule}
 
 
 # ---------------------------------------------------------------------------------------------- the budgets
@@ -199,7 +199,7 @@ class PrefillAdder:
             self.offset += self.rule.charge(seq, take, True)
         return take
 
-    def try_add(self, seq: Seq, new: int, cached: int, available: float) -> tuple[int, int]:
+    def try_add(self, seq: Seq, new: int, cached: int, available: int | float) -> tuple[int, int]:
         """Add ``seq`` with ``new`` tokens to compute after ``cached`` ones, ``available`` KV tokens left for
         admissions: (tokens it takes now, KV tokens the engine owes it), or (0, 0) when it does not fit. A
         prompt longer than the chunk budget left is cut to the whole pages it has."""

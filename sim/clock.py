@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from heapq import heappush
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import simpy
 from simpy.events import NORMAL
@@ -73,7 +73,7 @@ class Ticker:
         if heap and heap[0][0] <= end:
             if self._due <= end:
                 raise RuntimeError("an engine fed its arrivals is not the run's only process")
-            wait = self._wait
+            wait: Any = self._wait  # SimPy sets its callbacks to None once processed (typed as a list)
             if wait.callbacks:  # still waited on: its last use is on the heap (an interrupt would leave it there)
                 raise RuntimeError("an engine's wait was scheduled again before SimPy processed it")
             wait.callbacks = []  # SimPy emptied them (None) when it processed the last wait
@@ -104,6 +104,7 @@ class Ticker:
     def _send_due(self) -> None:
         """Send the arrivals due at the next one's time, the clock set to it (a process sends them without a wait)."""
         times, send, i, t = self._times, self._send, self._next, self._due
+        assert send is not None, "a fed clock has its send"
         self.env._now = t
         while True:
             send(i)

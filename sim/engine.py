@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import simpy
 
@@ -71,7 +71,7 @@ class Seq(SegmentedPrompt):
         self.sent = self.prefill_start = self.prefill_end = self.first_token = self.finish = -1.0
         self.hit = 0  # prompt tokens cached at its first admission (its record's)
         self.kv_len = 0  # tokens of its fill whose KV exists (cached or computed so far)
-        self.node = None  # the cache node its lock holds while it runs
+        self.node: Any = None  # the cache node its lock holds while it runs
         self.finish_step = 0
         self.lane = ""
         self.realigned = False
@@ -251,21 +251,21 @@ class Engine:
                     self._wake = None
 
     # ------------------------------------------------------------------ KV space
-    def free(self) -> float:
+    def free(self) -> int | float:
         """KV tokens neither in the tree nor held by a running request."""
         if self.capacity is None:
             return float("inf")
         return self.capacity - self.cache.size - self.decode_alloc - self.tails - self.inflight
 
-    def reclaimable(self) -> float:
+    def reclaimable(self) -> int | float:
         """KV tokens that could be made free: free + evictable."""
         return self.free() + self.cache.evictable_size
 
-    def _available(self) -> float:
+    def _available(self) -> int | float:
         """Tokens a new admission may claim: free + evictable − owed."""
         return self.free() + self.cache.evictable_size - self.owed
 
-    def allocate(self, n: int) -> None:
+    def allocate(self, n: int | float) -> None:
         """Make ``n`` tokens free, evicting unlocked leaves as needed (n may be 0: settle a deficit)."""
         short = n - self.free()
         if short > 0:
@@ -347,6 +347,7 @@ class Engine:
     def _continue_chunk(self, adder: PrefillAdder) -> bool:
         """The chunked request's next chunk goes first; True if it is its last (admission may go on)."""
         seq = self.chunked
+        assert seq is not None
         left = seq.fill_len - seq.kv_len
         take = adder.add_chunk(seq, left)
         self.inflight += take  # owed since its admission

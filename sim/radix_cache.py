@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from itertools import count
-from typing import Callable, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class Node:
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
         self.position = self.created = node_id
-        self.parent = parent
+        self.parent: Any = parent  # a Node; None for the root and once evicted
         self.children: dict[bytes, Node] = {}
         self.key = key
         self.length = len(key) // TOKEN_BYTES
@@ -236,7 +236,7 @@ class RadixCache(PrefixTree):
     def evictable_leaves(self) -> list[Node]:
         return [n for n in self._leaves if n.lock_ref == 0]
 
-    def evict(self, num_tokens: int, key: Callable[[Node], tuple],
+    def evict(self, num_tokens: int | float, key: Callable[[Node], tuple],
               on_evict: Callable[[Node], None] | None = None, lowered: Collection[str] | None = None) -> int:
         """Evict unlocked leaves, smallest ``key`` first (ties: oldest node), until ``num_tokens`` are freed.
 
@@ -328,7 +328,7 @@ class RadixCache(PrefixTree):
 
     def sequences(self) -> list[np.ndarray]:
         """The token sequence of every root-to-leaf path (what is resident)."""
-        out = []
+        out: list[np.ndarray] = []
         for leaf in self._leaves:
             parts, n = [], leaf
             while n is not self.root:

@@ -78,18 +78,20 @@ def test_trace_cli_errors(tmp_path, capsys):
 
 
 def test_interrupted_run_keeps_finished_requests(tmp_path, capsys, monkeypatch):
-    from prism.sim import engine as engine_mod
+    from prism.sim import instance
 
-    original = engine_mod.Engine._finish
+    original = instance.Instance.__init__
     count = {"n": 0}
 
-    def finish(self, seq):
-        original(self, seq)
-        count["n"] += 1
-        if count["n"] == 40:
-            raise KeyboardInterrupt
+    def init(self, index, env, spec, on_finish, *a, **k):  # the engine's hook for each request it finishes
+        def finished(seq):
+            on_finish(seq)
+            count["n"] += 1
+            if count["n"] == 40:
+                raise KeyboardInterrupt
+        original(self, index, env, spec, finished, *a, **k)
 
-    monkeypatch.setattr(engine_mod.Engine, "_finish", finish)
+    monkeypatch.setattr(instance.Instance, "__init__", init)
     out = tmp_path / "run"
     code = sim_main(["--trace", "zipf", "--set", "trace.num_requests=150", "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err

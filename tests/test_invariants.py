@@ -12,7 +12,7 @@ run (the production code is not touched) and checks, at every event:
   every prefill end, finish, allocation, eviction pass and insertion;
 * the lock references are exactly those of the admitted, unfinished requests' paths, and an eviction pass
   removes only unlocked leaves and leaves every locked node in the tree;
-* a peek (``match_len``, ``match_path``) changes nothing in the tree;
+* a scheduler's plan, where it peeks at the tree (``match_len``, ``match_path``), changes nothing in it;
 * under SGLang's admission (drawn with small, fast-decaying new-token ratios so that decode runs out of KV):
   a decode step retracts exactly when its tokens do not fit after evicting every unlocked leaf, retracts in
   SGLang's order (fewest generated tokens, then longest prompt) and keeps at least one request, after which
@@ -179,11 +179,10 @@ def attached(cache: cache_mod.RadixCache, node) -> bool:
 
 class Observer(EngineEvents):
     """Checks the invariants at every event the engine emits (:mod:`prism.sim.events`), from counts of its
-    own; it wraps the cache's peeks of the one engine it observes to check that they change nothing."""
+    own; it wraps the scheduler's plan of the one engine it observes to check that its peeks change nothing."""
 
-    def __init__(self, peek_every: int = 1) -> None:
+    def __init__(self) -> None:
         self.engine = None
-        self.peek_every = peek_every
         self.finished_ids: Counter = Counter()
         self.admitted_hit: dict[int, int] = {}  # request id -> cached tokens at its (first) admission
         self.start: dict[int, float] = {}  # request id -> start of the first prefill iteration it was in
@@ -233,22 +232,18 @@ class Observer(EngineEvents):
     def attached(self, eng) -> None:
         assert self.engine is None, "one engine per run"
         self.engine = eng
-        for name in ("match_len", "match_path"):  # the peeks schedulers and routers make
-            setattr(eng.cache, name, self._checked_peek(eng.cache, name))
+        # the plan is where a scheduler peeks (match_len, match_path); the policy object is wrapped, as the cache's
+        # class is compiled (prism/native.py) and its methods cannot be
+        plan, cache = eng.scheduler.plan, eng.cache
 
-    def _checked_peek(self, cache, name):
-        peek = getattr(cache, name)
-
-        def wrapped(key):
-            self.events[name] += 1
-            if self.events[name] % self.peek_every:
-                return peek(key)
+        def checked_plan(waiting, ctx):
+            self.events["plan"] += 1
             before = tree_snapshot(cache)
-            out = peek(key)
-            assert tree_snapshot(cache) == before, f"{name} changed the tree"
+            out = plan(waiting, ctx)
+            assert tree_snapshot(cache) == before, "a scheduler's plan changed the tree"
             cache.check()
             return out
-        return wrapped
+        eng.scheduler.plan = checked_plan
 
     def admitted(self, eng, seq, hit) -> None:
         assert seq.kv_len == hit and seq.node.depth == hit and hit % eng.cfg.page_size == 0
