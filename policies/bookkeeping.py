@@ -12,7 +12,7 @@ simulated and the live run of a method count, label and inform their policies al
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from prism.counters import (ADMITTED_LANE, FRONT_ALIGNMENT_MOVES, FRONTEND_HELD, FRONTEND_PASSED, FRONTEND_WINDOWS,
                             REPREFILL_HIT_TOKENS, REPREFILLED_TOKENS)
@@ -56,7 +56,7 @@ class Bookkeeper:
 
 
 def release_window(scheduler: Scheduler, held: Sequence[WaitingRequest], ctx: SchedContext,
-                   submit: Callable[[WaitingRequest], None], counters: Counter, room: int | None = None,
+                   submit: Callable[[Any], None], counters: Counter, room: int | None = None,
                    counter: str = FRONTEND_WINDOWS) -> list:
     """An admission front end's round: ``scheduler`` orders the requests a window ``held``; the first ``room``
     of them in plan order (None: all) are realigned to their plan's segment order, labelled with their lane and
@@ -89,7 +89,7 @@ class Backlog:
         self.pending: list = []  # in the last plan's order, then arrivals since
 
     def arrive(self, seq, room: int, context: Callable[[int], SchedContext],
-               submit: Callable[[WaitingRequest], None]) -> bool:
+               submit: Callable[[Any], None]) -> bool:
         """``seq`` reaches the front end while the backend has ``room`` free slots: True if it went at once
         (``context(batch_hint)``: the round's view of the engine), False if it is held."""
         if self.pending or room <= 0:
@@ -99,7 +99,7 @@ class Backlog:
         release_window(self.scheduler, [seq], context(1), submit, self.counters, counter=FRONTEND_PASSED)
         return True
 
-    def release(self, room: int, context: Callable[[int], SchedContext], submit: Callable[[WaitingRequest], None],
+    def release(self, room: int, context: Callable[[int], SchedContext], submit: Callable[[Any], None],
                 by: float | None = None) -> int:
         """A window closes with ``room`` free slots in the backend: one round over the pending requests that
         arrived by ``by`` (None: all), the first ``room`` of its order released; the number released."""

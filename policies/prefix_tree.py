@@ -17,7 +17,7 @@ split it at the match and go on into its upper part (admission and insertion).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from mypy_extensions import mypyc_attr
 
@@ -33,7 +33,7 @@ class PrefixTree:
     it); sglang-router's tree gives the new upper part the time and leaves the lower part's (``tree.rs``
     ``insert``)."""
 
-    stamps_split_child = True
+    stamps_split_child: ClassVar[bool] = True  # ClassVar: a compiled walk reads a subclass's (prism/native.py)
 
     def __init__(self, page_size: int = 1) -> None:
         if page_size < 1:
@@ -120,7 +120,7 @@ class PrefixTree:
         return m, (node, key[pos:pos + self._pb] if pos < len(key) else None, partial)
 
     #: whether the tree logs its changes for :meth:`log_changes` (the simulator's cache does)
-    logs_changes = False
+    logs_changes: ClassVar[bool] = False
 
     def log_changes(self) -> list:
         """A list the tree appends its changes to from now on: (node, page) for each child slot of a node that

@@ -29,10 +29,14 @@ import sys
 #: the compiled modules and their source files in the repository (pyproject's package-dir)
 MODULES = {
     "prism.core": "prism/core.py",
+    "prism.policies.anchors": "policies/anchors.py",
+    "prism.policies.bookkeeping": "policies/bookkeeping.py",
     "prism.policies.prefix_tree": "policies/prefix_tree.py",
     "prism.sim.admission": "sim/admission.py",
+    "prism.sim.client": "sim/client.py",
     "prism.sim.clock": "sim/clock.py",
     "prism.sim.engine": "sim/engine.py",
+    "prism.sim.frontend": "sim/frontend.py",
     "prism.sim.radix_cache": "sim/radix_cache.py",
 }
 

@@ -32,7 +32,7 @@ running request is never preempted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prism.settings import EngineConfig
 
@@ -92,7 +92,7 @@ class SGLangRule:
         return min(seq.output_len - seq.retracted_output, self.clip)
 
     #: the engine owes an admitted request its prompt's KV only (its decode is estimated, and may retract)
-    owes_decode = False
+    owes_decode: ClassVar[bool] = False
 
     def fits(self, seq: Seq, new: int, available: int | float, offset: float) -> bool:
         return new + self.max_new(seq) + self.page < available - offset
@@ -147,7 +147,7 @@ class FullRule:
     """``engine.admission: full``: a request's whole decode is owed from its admission; nothing is retracted."""
 
     #: the engine owes an admitted request its prompt's KV and its whole decode
-    owes_decode = True
+    owes_decode: ClassVar[bool] = True
 
     def __init__(self, cfg: EngineConfig) -> None:
         pass

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import simpy
 
 from prism.core import Request
 
 from prism.sim.clock import Ticker
-from prism.sim.engine import Engine, Seq
+from prism.sim.engine import Seq
 
 
 def send_times(requests: Iterable[Request], start: float = 0.0) -> Iterator[float]:
@@ -25,6 +25,12 @@ def send_times(requests: Iterable[Request], start: float = 0.0) -> Iterator[floa
         yield now
 
 
+class Receiver(Protocol):
+    """What a client sends its requests to: an engine, an admission front end before one, a router."""
+
+    def submit(self, seq: Seq) -> None: ...
+
+
 class Client:
     """Sends each request at its arrival time; past ``max_concurrency`` requests in flight, later ones
     wait client-side (that wait counts in their admission delay, as in a real benchmark client).
@@ -33,7 +39,7 @@ class Client:
     ``clock``: the engine's own clock where the engine is the run's only process; the clock then sends the
     arrivals as it passes them (``sim/clock.py``), not a process of the client's, at the same times."""
 
-    def __init__(self, env: simpy.Environment, engine: Engine, requests: Sequence[Request],
+    def __init__(self, env: simpy.Environment, engine: Receiver, requests: Sequence[Request],
                  max_concurrency: int | None = None, clock: Ticker | None = None) -> None:
         self.env = env
         self.engine = engine
@@ -41,10 +47,10 @@ class Client:
         self.limit = max_concurrency
         self.in_flight = 0
         self.backlog: deque[Seq] = deque()
+        self.process: simpy.Process | None = None
         if clock is None:
             self.process = env.process(self._replay())
         else:
-            self.process = None
             clock.feed(send_times(requests, env.now), self._arrive)
 
     def _replay(self):

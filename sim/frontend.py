@@ -55,7 +55,9 @@ class FrontEnd:
 
     def room(self) -> int:
         """Free slots in the engine: the limit less its running and queued requests."""
-        return self.limit - len(self.engine.active) - len(self.engine.waiting)
+        limit = self.limit
+        assert limit is not None, "only a backlog front end has a limit"
+        return limit - len(self.engine.active) - len(self.engine.waiting)
 
     def submit(self, seq: Seq) -> None:
         if self.backlog is not None:

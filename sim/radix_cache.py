@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from itertools import count
-from typing import Any, Callable, Collection, Iterator
+from typing import Any, Callable, ClassVar, Collection, Iterator
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class Node:
 class RadixCache(PrefixTree):
     """Radix KV cache in token units. ``capacity=None`` means unbounded (the infinite-cache reference)."""
 
-    logs_changes = True
+    logs_changes: ClassVar[bool] = True
 
     def __init__(self, capacity: int | None = None, page_size: int = 1, anchors: bool = False) -> None:
         super().__init__(page_size)

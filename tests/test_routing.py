@@ -120,6 +120,17 @@ def test_approx_tree_lru_eviction_keeps_shared_prefixes():
     assert t.match_len(key(P1)) == 5 and t.match_len(key(P1[:5] + new(5))) == 10
 
 
+def test_approx_tree_split_leaves_the_lower_parts_access_time():
+    """tree.rs: a split gives the new upper part the time and leaves the lower part's (SGLang's cache stamps
+    both: PrefixTree.stamps_split_child, which a compiled walk must read from the subclass)."""
+    t = ApproxTree()
+    t.insert(key(P1), 1.0)
+    t.insert(key(P1[:5] + new(5)), 2.0)
+    upper = t.root.children[key(P1)[:4]]
+    lower = upper.children[key(P1)[20:24]]
+    assert upper.last_access_time == 2.0 and lower.last_access_time == 1.0
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=12), min_size=1, max_size=12),
        st.lists(st.integers(1, 4), min_size=1, max_size=12))
