@@ -38,6 +38,7 @@ MODULES = {
     "prism.sim.engine": "sim/engine.py",
     "prism.sim.frontend": "sim/frontend.py",
     "prism.sim.radix_cache": "sim/radix_cache.py",
+    "prism.traces.stats": "traces/stats.py",
 }
 
 #: the environment variable that switches the compiled modules off (``0``)
