@@ -2,6 +2,7 @@
 simulator's hot modules compiled by mypyc (``prism/native.py``). Everything else is in pyproject.toml. Where
 numba, mypy or a C compiler is missing, the install goes on without them."""
 
+import importlib.machinery
 import importlib.util
 import os
 import shutil
@@ -83,16 +84,22 @@ def optional_build():
 
         def run(self):
             super().run()
-            if self._native:
-                self._drop_old_groups()
+            if self._native and self.inplace:
+                self._drop_old_builds()
 
-        def _drop_old_groups(self):
-            """An editable install builds into the checkout: the libraries of earlier builds go."""
+        def _drop_old_builds(self):
+            """An editable install builds into the checkout: what earlier builds left there and this one did not
+            make goes: their libraries, and an extension beside a module's source (a module no longer compiled,
+            whose extension Python's import would still prefer to its source)."""
+            made = {Path(self.get_ext_fullpath(name)) for name in self._native}
             group = next(name for name in self._native if name.endswith("__mypyc"))
-            kept = Path(self.get_ext_fullpath(group))
-            for old in kept.parent.glob("native_*__mypyc*"):
-                if old != kept:
-                    old.unlink()
+            old = set(Path(self.get_ext_fullpath(group)).parent.glob("native_*__mypyc*"))
+            suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+            for folder in set(self.distribution.package_dir.values()):
+                old.update(p for p in (HERE / folder).glob("*" + suffix)
+                           if p.with_name(p.name[:-len(suffix)] + ".py").exists())
+            for path in old - made:
+                path.unlink()
 
         def build_extension(self, ext):
             try:

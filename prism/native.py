@@ -2,7 +2,8 @@
 when the compiled ones are stale or switched off.
 
 Why. A simulation spends most of its time in a few modules of small methods over plain objects: the engine's
-loop, its radix cache, admission, its clock and the prompts (issue 31: whole-process time against BLIS). mypyc
+loop, its radix cache, admission, its clock and the prompts, and the client, front end and bookkeeping around
+them (issue 31: whole-process time against BLIS). mypyc
 compiles that same source, typed as it is, into C extensions: native classes (fixed attribute slots), direct
 calls between them, unboxed arithmetic. The source stays the definition; nothing is written twice, and a
 process runs the source alone with ``PRISM_NATIVE=0`` (a debugger, a sampling profiler, a test that holds the

@@ -22,19 +22,39 @@ front end holds (``qas.front_end``, DESIGN §3):
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 import simpy
 
-from prism.policies.base import SchedContext, Scheduler
+from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
 from prism.policies.bookkeeping import Backlog, release_window
 
-from prism.sim.engine import Engine, Seq
+from prism.sim.engine import Seq
+
+
+class Served(Protocol):
+    """What a front end reads of the engine behind it (the engine, or a test's stand-in): its cache and demand
+    hints for the rounds' context, its running and queued requests for the backlog's bound."""
+
+    @property
+    def cache(self) -> PrefixIndex: ...
+
+    @property
+    def hints(self) -> DemandHints: ...
+
+    @property
+    def active(self) -> dict[int, Seq]: ...
+
+    @property
+    def waiting(self) -> list[Seq]: ...
+
+    def submit(self, seq: Seq) -> None: ...
 
 
 class FrontEnd:
     """``limit``: the backlog front end's bound on requests in the engine (None: it holds arrivals)."""
 
-    def __init__(self, env: simpy.Environment, engine: Engine, scheduler: Scheduler, window_s: float,
+    def __init__(self, env: simpy.Environment, engine: Served, scheduler: Scheduler, window_s: float,
                  limit: int | None = None) -> None:
         if window_s <= 0:
             raise ValueError("a front end needs a window > 0")
