@@ -159,7 +159,7 @@ def compiled_env(python: str, cache: str) -> tuple[dict[str, str], str, str]:
         where = ("import pathlib, prism; print(pathlib.Path(prism.__file__).parent.parent); "
                  "print(prism.native.status() if hasattr(prism, 'native') else 'none')")
         root, native = subprocess.run([python, "-c", where], cwd=tmp, env=env, capture_output=True, text=True,
-                                      check=True).stdout.split()
+                                      check=True).stdout.splitlines()  # a root may hold spaces
         skip = r"/(\.venv[^/]*|\.git|tests|notebooks)(/|$)"
         subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", skip, root], cwd=tmp, env=env,
                        stdout=subprocess.DEVNULL, check=True)

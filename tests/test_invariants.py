@@ -380,7 +380,7 @@ def check_run(spec: RunSpec) -> Observer:
 def test_engine_invariants(scheduler, data):
     spec = data.draw(runs(scheduler))
     obs = check_run(spec)
-    assert obs.events["iteration"] > 0
+    assert obs.events["iteration"] > 0 and obs.events["plan"] > 0  # the wrapped plan ran: its peeks were checked
     eng = obs.engine  # what the example exercised (--hypothesis-show-statistics)
     event(f"eviction={spec.eviction}")
     event("evicted" if eng.counters["evicted_nodes"] else "no eviction")
