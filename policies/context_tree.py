@@ -198,7 +198,8 @@ def _lead(node: Node) -> tuple[Node, set] | tuple[()]:
     same = [c for c in children if c.docs == docs] if n and len(children) <= _FEW else ()
     if len(same) != 1:
         return ()
-    first, rest = same[0], set()
+    first = same[0]
+    rest: set[Doc] = set()
     for c in children:
         if c is not first:
             if c.rank < first.rank or c.docs[:n] != docs:
@@ -281,6 +282,7 @@ class ContextIndex:
         self.removed += 1
         while node is not self.root and node.is_leaf:
             parent = node.parent
+            assert parent is not None  # only the root has none
             self._detach(parent, node)
             node = parent
 
@@ -356,14 +358,15 @@ class ContextIndex:
         many documents and are as long, and half the time one has the context's positions), and the position gaps
         summed on Mooncake's levels of a few children (each of which is still intersected with the context)."""
         children, have = node.children, pos.keys()
+        contenders: list[tuple[int, Node, float, set | None]]
         if len(children) > _FEW:
             contenders = self._contenders(node, pos, length)
         else:
             contenders = []
             for c in children:
-                shared = have & c.pos.keys()
-                if shared:
-                    contenders.append((c.rank, c, _overlap_term(len(shared), length, len(c.docs)), shared))
+                common = have & c.pos.keys()
+                if common:
+                    contenders.append((c.rank, c, _overlap_term(len(common), length, len(c.docs)), common))
         if len(contenders) <= 1:
             return contenders[0][1] if contenders else None
         contenders.sort()  # by rank: a tie goes to the earlier
@@ -379,7 +382,7 @@ class ContextIndex:
                         break
         return best
 
-    def _contenders(self, node: Node, pos: dict, length: int) -> list[tuple[int, Node, float, None]]:
+    def _contenders(self, node: Node, pos: dict, length: int) -> list[tuple[int, Node, float, set | None]]:
         """The children sharing a document with the context that may be the closest, as :meth:`_closest` takes them
         (rank, child, the lower bound of its distance, and None for the shared documents). A child sharing s documents
         lies at least 1 − s/length away (its list is compared at a length of at least the context's), and the child
@@ -388,6 +391,7 @@ class ContextIndex:
         nor tie: the others are those sharing at least ``_fewest_shared``. The counting runs in numpy (the node's
         columns): near the root a document has hundreds of holders."""
         columns = node.columns
+        assert columns is not None  # a node of more than a few children
         counts = columns.counts(pos)
         if counts is None:
             return []
@@ -397,9 +401,10 @@ class ContextIndex:
         cut = _F32.unpack(_F32.pack(min(2.0, 1.0 - top / m + self.alpha * (m - 1))))[0]
         cols = (counts >= _fewest_shared(top, length, cut)).nonzero()[0].tolist()
         nodes, shared = columns.nodes, counts[cols].tolist()
-        out = []
+        out: list[tuple[int, Node, float, set | None]] = []
         for col, s in zip(cols, shared):
             child = nodes[col]
+            assert child is not None  # a freed column counts 0
             out.append((child.rank, child, _overlap_term(s, length, len(child.docs)), None))
         return out
 
@@ -448,6 +453,7 @@ class ContextIndex:
         node = match.node
         docs = reorder_with_prefix(context, node.docs) if reorder else context
         if not match.has_prefix:
+            assert node.parent is not None  # a match is below the root
             return docs, self._new_leaf(node.parent, docs, owner)
         if node.is_leaf:
             return docs, self._split(node, docs, owner)
@@ -462,6 +468,7 @@ class ContextIndex:
                 break
             shared += 1
         parent = leaf.parent
+        assert parent is not None
         if shared == 0 or (shared == len(leaf.docs) and set(leaf.docs) == set(docs)):
             return self._new_leaf(parent, docs, owner)
         self._detach(parent, leaf)

@@ -6,8 +6,8 @@ loop, its radix cache, admission, its clock and the prompts, and the client, fro
 them (issue 31: whole-process time against BLIS). mypyc
 compiles that same source, typed as it is, into C extensions: native classes (fixed attribute slots), direct
 calls between them, unboxed arithmetic. The source stays the definition; nothing is written twice, and a
-process runs the source alone with ``PRISM_NATIVE=0`` (a debugger, a sampling profiler, a test that holds the
-two equal: ``tests/test_native.py``).
+process runs the source alone with ``PRISM_NATIVE=0`` (a debugger, cProfile, a test that holds the two equal:
+``tests/test_native.py``); ``py-spy record --native`` samples the compiled functions by name.
 
 How. ``setup.py`` compiles :data:`MODULES` as one mypyc group named by a digest of their source
 (``prism/native_<digest>__mypyc``, the group's shared library, beside a small extension per module next to its
@@ -32,6 +32,7 @@ MODULES = {
     "prism.core": "prism/core.py",
     "prism.policies.anchors": "policies/anchors.py",
     "prism.policies.bookkeeping": "policies/bookkeeping.py",
+    "prism.policies.context_tree": "policies/context_tree.py",
     "prism.policies.prefix_tree": "policies/prefix_tree.py",
     "prism.sim.admission": "sim/admission.py",
     "prism.sim.client": "sim/client.py",
