@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Collection, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from prism.core import PRIV, REUSE, SYS, Segment
 
@@ -49,11 +49,12 @@ class Policy:
     ``clock_knobs``: the knobs that are durations on the engine's clock (a paced twin's clock runs D times
     slower, so its plugin multiplies them by D)."""
 
-    name = ""
-    Knobs: type | None = None
-    section: str | None = None
-    parts: tuple[Part, ...] = ()
-    clock_knobs: tuple[str, ...] = ()  # knobs in seconds of the engine's clock, which a paced twin dilates
+    # ClassVar: read from the class by the registry, and kept on the class where mypyc compiles a policy
+    name: ClassVar[str] = ""
+    Knobs: ClassVar[type | None] = None
+    section: ClassVar[str | None] = None
+    parts: ClassVar[tuple[Part, ...]] = ()
+    clock_knobs: ClassVar[tuple[str, ...]] = ()  # knobs in seconds of the engine's clock, which a paced twin dilates
 
     @classmethod
     def base(cls, knobs: Any) -> str:
@@ -287,8 +288,8 @@ class EvictionPolicy(Policy):
     trace's future (a reference, not a policy a server can run).
     """
 
-    needs_anchors = False
-    offline = False
+    needs_anchors: ClassVar[bool] = False
+    offline: ClassVar[bool] = False
 
     def __init__(self, hints: DemandHints | None = None) -> None:
         self.hints = hints or DemandHints()

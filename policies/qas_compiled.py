@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Mapping
 from operator import is_
 from types import SimpleNamespace
-from typing import NamedTuple, Sequence
+from typing import Collection, NamedTuple, Sequence
 
 import numpy as np
 
@@ -197,7 +197,7 @@ class RequestTable:
         rows = [get(r.id, -1) for r in requests]
         if -1 in rows:
             self.add([r for r, i in zip(requests, rows) if i < 0])
-            rows = [get(r.id) for r in requests]
+            rows = [get(r.id, -1) for r in requests]
         return np.fromiter(rows, np.int64, len(rows))
 
     def age_key(self, rows: np.ndarray) -> np.ndarray:
@@ -294,7 +294,7 @@ class CompiledQAS(QAS):
         self._planned: _Planned | None = None  # the last plan, until its dispatch
         # the queue it ordered, the result, the a(r) it read
         self._last_round: tuple[Sequence[WaitingRequest], Round | _One, np.ndarray] | None = None
-        self._published = np.zeros(64)  # the last published P̂, by segment index (zeros past the segments in use)
+        self._p_hat = np.zeros(64)  # the last published P̂, by segment index (zeros past the segments in use)
         # the kernels' own entries per segment, kept between rounds, written and read at a round's segments only
         # (qas_round.plan_round): P(r; ∅), and each segment's place among the round's
         self._prio = np.zeros(64)
@@ -322,7 +322,7 @@ class CompiledQAS(QAS):
         return compiled()
 
     @property
-    def last(self) -> dict | None:
+    def last(self) -> dict | None:  # type: ignore[override]  # QAS's attribute, built on demand here
         """The last round's priorities (segment -> P) and buckets ((request ids...), score), built on demand
         for inspection and tests, so that rounds pay nothing for it."""
         if self._last_round is None:
@@ -347,7 +347,7 @@ class CompiledQAS(QAS):
                                                    rnd.bucket_score.tolist())]}
 
     @property
-    def next_counter(self) -> Counter:
+    def next_counter(self) -> Counter:  # type: ignore[override]  # QAS's attribute, built on demand here
         t, names = self.table, self.table.segment_names
         return Counter(names[s] for r in self._next_rows.tolist()
                        for s in t.segments[r, :1 + t.n_reusable[r]].tolist() if s >= 0)
@@ -362,7 +362,7 @@ class CompiledQAS(QAS):
                 self._no_active = np.zeros(2 * n_segments)
             return self._no_active[:n_segments]
         active, index, names = hints.active, self.table.segment_index, self.table.segment_names
-        changed = hints.take_active_changes()
+        changed: Collection[str] | None = hints.take_active_changes()
         a, known = self._a, self._a_known
         if changed is None or hints is not self._a_hints:
             self._a_hints, known = hints, 0
@@ -377,11 +377,11 @@ class CompiledQAS(QAS):
         if moved is not None:
             moved.update(range(known, n_segments))
         for r in changed:
-            i = index.get(r)
-            if i is not None and i < known:
-                a[i] = active.get(r, 0)
+            j = index.get(r)
+            if j is not None and j < known:
+                a[j] = active.get(r, 0)
                 if moved is not None:
-                    moved.add(i)
+                    moved.add(j)
         self._a_known = n_segments
         return a[:n_segments]
 
@@ -418,7 +418,7 @@ class CompiledQAS(QAS):
         self.counters[QAS_ROUNDS] += 1
         self.counters[QAS_BUCKETS] += len(rnd.bucket_size)
         cold = dict.fromkeys([waiting[p].id for p in rnd.cold.tolist()], "cold")  # q_cold requests at most
-        lanes = cold
+        lanes: Mapping[int, str] = cold
         if rnd.n_aged:
             self.counters[QAS_AGED] += rnd.n_aged
             lanes = _AgedLanes(table, rnd.order_rows[:rnd.n_aged], cold)
@@ -431,8 +431,8 @@ class CompiledQAS(QAS):
             grow = max(n_segments, len(self._prio))
             self._prio = np.concatenate((self._prio, np.zeros(grow)))
             self._local_of = np.concatenate((self._local_of, np.full(grow, -1, dtype=np.int64)))
-        if len(self._published) < n_segments:
-            self._published = np.concatenate((self._published, np.zeros(max(n_segments, len(self._published)))))
+        if len(self._p_hat) < n_segments:
+            self._p_hat = np.concatenate((self._p_hat, np.zeros(max(n_segments, len(self._p_hat)))))
 
     def _compact(self, queued: np.ndarray) -> np.ndarray:
         """Drop the table's rows but the queue's and the predicted next batch's; the queue's rows renumbered."""
@@ -501,7 +501,8 @@ class CompiledQAS(QAS):
             base = np.array([self._p0(planned.active, s, c) for s, c in one.segments.items()])
             planned, self._k = planned._replace(order_rows=rows, touched=touched, base=base), self._kernels(1)
         elif whole and self.small_rounds_in_python:
-            if self._publish_changes(self._segment_counts(planned.order_rows), planned.active, planned.hinted, ctx):
+            counts = self._segment_counts(planned.order_rows)  # a whole order is at most PYTHON_ROWS
+            if counts is not None and self._publish_changes(counts, planned.active, planned.hinted, ctx):
                 return
         # a front end dispatches the whole order it was given
         taken = planned.order_rows if admitted is planned.order else self.table.rows(admitted)
@@ -516,7 +517,7 @@ class CompiledQAS(QAS):
         w = self.params
         out = Dispatch(*self._k.dispatch(self.table.prompts, planned.order_rows, taken, planned.touched,
                                          planned.base, planned.active, w.w_a, w.w_g, w.w_n, moved, terms,
-                                         self._published, self._local_of, hints is not None))
+                                         self._p_hat, self._local_of, hints is not None))
         self._next_rows = out.next_rows
         remaining = list(planned.order)
         for p in reversed(out.taken_positions.tolist()):
@@ -560,7 +561,7 @@ class CompiledQAS(QAS):
         w_n = self.params.w_n
         names, n_segments, n_round = table.segment_names, len(table.segment_names), len(active)
         self._scratch(n_segments)
-        published = self._published
+        published = self._p_hat
         terms = self._pub_terms
         maybe = self._a_moved.union(counts, terms if isinstance(terms, list) else terms.tolist())
         out, fell = self._published_by_name, []
@@ -596,7 +597,7 @@ class CompiledQAS(QAS):
         since the last publication are written, a small part of the hundreds with demand."""
         up, gone, fell = dispatched.changed, dispatched.dropped, dispatched.fell
         out, names = self._published_by_name, self.table.segment_names
-        out.update(zip([names[i] for i in up.tolist()], self._published[up].tolist()))
+        out.update(zip([names[i] for i in up.tolist()], self._p_hat[up].tolist()))
         for i in gone.tolist():
             del out[names[i]]
         hints.publish(out, [names[i] for i in fell.tolist()])
@@ -622,7 +623,7 @@ class _Alignment(LazyAlignment):
     def get(self, rid: int, default=None):
         """The engine's call, once per admitted request (no exception for the many that keep their order)."""
         table, rnd = self._table, self._rnd
-        row = table.row_of.get(rid)  # None: registered after this round, not queued
+        row = table.row_of.get(rid, -1)  # -1: registered after this round, not queued
         if self._head is None:
             self._head = {r: i for i, r in enumerate(rnd.order_rows[:len(rnd.moved)].tolist())}
         i = self._head.get(row)
