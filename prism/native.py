@@ -34,6 +34,8 @@ MODULES = {
     "prism.policies.bookkeeping": "policies/bookkeeping.py",
     "prism.policies.context_tree": "policies/context_tree.py",
     "prism.policies.dart": "policies/dart.py",
+    "prism.policies.moore_hodgson": "policies/moore_hodgson.py",
+    "prism.policies.placement": "policies/placement.py",
     "prism.policies.prefix_tree": "policies/prefix_tree.py",
     "prism.policies.qas_compiled": "policies/qas_compiled.py",
     "prism.sim.admission": "sim/admission.py",
@@ -41,6 +43,7 @@ MODULES = {
     "prism.sim.clock": "sim/clock.py",
     "prism.sim.engine": "sim/engine.py",
     "prism.sim.frontend": "sim/frontend.py",
+    "prism.sim.memory": "sim/memory.py",
     "prism.sim.radix_cache": "sim/radix_cache.py",
     "prism.traces.stats": "traces/stats.py",
 }
