@@ -42,6 +42,7 @@ MODULES = {
     "prism.sim.client": "sim/client.py",
     "prism.sim.clock": "sim/clock.py",
     "prism.sim.engine": "sim/engine.py",
+    "prism.sim.fleet_gpu": "sim/fleet_gpu.py",
     "prism.sim.frontend": "sim/frontend.py",
     "prism.sim.memory": "sim/memory.py",
     "prism.sim.radix_cache": "sim/radix_cache.py",

@@ -15,7 +15,7 @@ import simpy
 from conftest import SYS, make_trace
 
 import prism.sim.clock as clock_module
-import prism.sim.fleet as fleet_module
+import prism.sim.fleet_gpu as fleet_gpu
 import prism.sim.run as run_module
 from prism.calibration.cost_model import load_profile
 from prism.cli.sim import main as sim_main
@@ -138,9 +138,14 @@ def test_runs_are_the_same_as_with_a_timeout_per_iteration(tmp_path, monkeypatch
     assert sim_main([*args, "--out", str(tmp_path / "elapse")]) == 0
     monkeypatch.setattr(clock_module.Ticker, "elapse", lambda self, delay: self.env.timeout(delay))
     _arrivals_by_process(monkeypatch)
-    take = fleet_module.ComputeSlot.take  # and a new event for every wait for a GPU's compute
-    monkeypatch.setattr(fleet_module.ComputeSlot, "take", lambda self, who, priority, wait:
-                        take(self, who, priority, self.env.event()))
+    acquire = fleet_gpu.Copy.acquire  # and a new event for every wait for a GPU's compute (the engine calls its
+    # host's acquire through Python, where the compiled copy calls its slots' take directly)
+
+    def fresh_grant(copy, engine):
+        copy._grant = copy.fleet.env.event()
+        return acquire(copy, engine)
+
+    monkeypatch.setattr(fleet_gpu.Copy, "acquire", fresh_grant)
     assert sim_main([*args, "--out", str(tmp_path / "timeouts")]) == 0
     fast, plain = _outputs(tmp_path / "elapse"), _outputs(tmp_path / "timeouts")
     assert "requests.csv" in fast[0] and "timeline.json" in fast[0]
