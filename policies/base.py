@@ -219,6 +219,9 @@ class SchedContext:
     running: Sequence[WaitingRequest] = ()
     hints: DemandHints | None = None
     batch_hint: int = 0  # how many requests the engine can take this round (0: unknown)
+    # the new tokens the engine can prefill this round (0: unknown): its admission stops once the requests it
+    # took have used them up, each taking at least its uncached tokens
+    token_budget: int = 0
 
 
 #: the lane of a request its plan does not label (requests.csv's ``lane``; the engine counts

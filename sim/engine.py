@@ -309,7 +309,8 @@ class Engine:
             return adder.batch
         adder.offset += self.rule.running_offset(self)
         ctx = SchedContext(self.env.now, self.cache, tuple(self.active.values()), self.hints,
-                           batch_hint=cfg.max_running_requests - len(self.active))
+                           batch_hint=cfg.max_running_requests - len(self.active),
+                           token_budget=min(adder.chunk, adder.input))
         plan = self.scheduler.plan(self.waiting, ctx)
         self.counters[SCHEDULING_ROUNDS] += 1
         admitted: list[Seq] = []

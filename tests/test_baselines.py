@@ -152,6 +152,32 @@ def test_klpm_kept_queue_serves_as_the_definition(k, capacity, qps, seed, admiss
     assert max(rounds) > 1
 
 
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 4), capacity=st.sampled_from([None, 6000, 20000]), qps=st.sampled_from([40, 120, 400]),
+       seed=st.integers(0, 50), admission=st.sampled_from(["sglang", "full"]), chunk=st.sampled_from([512, 8192]))
+def test_klpm_picks_no_further_than_the_prefill_budget_changes_no_run(k, capacity, qps, seed, admission, chunk):
+    """Picks stop once their uncached tokens cover the engine's prefill budget (``SchedContext.token_budget``): the
+    engine admits no further, so whole runs serve as with picks for all its free running slots (records and
+    counters), past the knee, under eviction and retraction, with chunked prefills; and the budget does stop them."""
+    from prism.calibration.cost_model import load_profile
+    from prism.settings import EngineConfig, RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    trace = load_trace("zipf", {"num_requests": 150, "qps": qps, "seed": seed})
+    engine = EngineConfig(max_total_tokens=capacity, admission=admission, chunked_prefill_size=chunk)
+    spec = RunSpec.build(trace, "klpm", "lru", engine=engine, knobs={"klpm": {"k": k}}, profile=load_profile())
+    stops = []
+    enough = KLPM._enough
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(KLPM, "_enough", staticmethod(lambda need, ctx: stops.append(enough(need, ctx)) or stops[-1]))
+        capped = simulate(spec)
+        mp.setattr(KLPM, "_enough", staticmethod(lambda need, ctx: False))
+        uncapped = simulate(spec)
+    assert capped.records == uncapped.records and capped.counters == uncapped.counters
+    assert any(stops) or qps == 40  # below the knee a round may never have the budget's worth of picks
+
+
 def test_klpm_rebuilds_its_queue_when_it_is_not_the_expected_one():
     """A queue that is not the last order minus the admitted head (requests taken out of order, or gone) is
     ranked afresh: the same order as the definition's."""
