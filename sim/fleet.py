@@ -39,14 +39,11 @@ host (no shared compute, no page pool), the same requests.csv byte for byte (tes
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
-import simpy
-from simpy.events import PENDING
 
 from prism.calibration import profiles
 from prism.calibration.cost_model import Profile, served_profile
@@ -55,20 +52,20 @@ from prism.core import Request
 from prism.counters import DECODE_ITERATIONS, PREFILL_ITERATIONS
 from prism.errors import UserError
 from prism.metrics import RequestRecord, fleet_summary
-from prism.policies.moore_hodgson import DeadlineOrder, DeadlineQueue, prefill_seconds
+from prism.policies.moore_hodgson import DeadlineOrder
 from prism.policies.placement import TokenRate
 from prism.policies.registry import make_sharing
-from prism.policies.sharing import ACTIVE, DRAINING, EVICTED, LOADING, Action, SharingScheme
+from prism.policies.sharing import ACTIVE, DRAINING, EVICTED, Action, SharingScheme
 from prism.policies.sharing_static import FleetTooSmall
 from prism.settings import ONLY_MODEL, RunSpec
 from prism.traces.trace import ServedModel, Trace
 
-from prism.sim.engine import Engine, Seq
+from prism.sim.engine import Seq
 from prism.sim.events import EngineEvents
+from prism.sim.fleet_gpu import Copy, Gpu, kv_used
 from prism.sim.instance import Instance
-from prism.sim.memory import GpuMemory, KvLayout, MemoryFull
+from prism.sim.memory import GpuMemory, KvLayout
 from prism.sim.run import Replay, SimResult
-from prism.sim.fleet_gpu import ComputeSlot, Copy, Gpu, kv_used  # noqa: F401  (ComputeSlot: tests)
 
 
 

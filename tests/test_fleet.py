@@ -145,7 +145,7 @@ def test_a_compute_slot_serves_waiters_by_priority_then_arrival_with_each_waiter
     new event for every wait."""
     import simpy
 
-    from prism.sim.fleet import ComputeSlot
+    from prism.sim.fleet_gpu import ComputeSlot
 
     def turns(fresh: bool):
         env = simpy.Environment()
