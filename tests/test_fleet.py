@@ -458,8 +458,8 @@ def test_a_model_whose_tpot_slo_cannot_be_measured_is_one_line(tmp_path, capsys)
 def test_slos_default_to_the_dedicated_p95_times_the_scale():
     from prism.sim.fleet import with_slos
 
-    trace = load_trace("traces/multimodel.yaml", {"num_requests": 150})
-    spec = settings_from(merge_flags({}, [], gpus=2, sharing="muxserve")).resolve("traces/multimodel.yaml")
+    trace = load_trace("multimodel.yaml", {"num_requests": 150})
+    spec = settings_from(merge_flags({}, [], gpus=2, sharing="muxserve")).resolve("multimodel.yaml")
     spec = with_slos(spec)
     one = spec.served_models[0]
     assert one.ttft_slo_s > 0 and one.tpot_slo_s > 0

@@ -132,7 +132,7 @@ def test_azure_services_as_two_models():
 
 def test_each_model_may_bring_its_own_trace_spec():
     need_data("tau_bench", "airline", "policy.md")
-    tr = load_trace("traces/multimodel-mixed.yaml")
+    tr = load_trace("multimodel-mixed.yaml")
     by_model = {}
     for r in tr.requests:
         by_model.setdefault(r.model, []).append(r)

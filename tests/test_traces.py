@@ -256,7 +256,7 @@ def test_infinite_cache_trie_equals_token_radix(reqs):
 
 def test_multihop_corpus_uses_real_evidence():
     need_data("multihop_rag", "queries.json")
-    t = load_trace("traces/zipf.yaml", {"corpus": "multihop_rag", "num_requests": 300, "hot_choice": "most_cited"})
+    t = load_trace("zipf.yaml", {"corpus": "multihop_rag", "num_requests": 300, "hot_choice": "most_cited"})
     ids = {s.id for r in t.requests for s in r.segments if s.kind == REUSE}
     assert all(i.startswith("mh") for i in ids)
     assert len(t.meta["hot_set"]) == 20
