@@ -249,21 +249,36 @@ class RecordStream:
         ``records``, from the rows already written where they are those records, else from ``records``."""
         self.close()
         streamed = len(self._lengths) == len(self._ids) + 1 and self._ids == array("q", [r.id for r in records])
-        if not streamed:  # a row lost between finishing and streaming (Ctrl-C at that instant): format again
-            write_requests_csv(records, self.path, columns=self._columns)
-            return
-        text = self.path.read_bytes()  # bytes, not decoded: the file once in memory, not twice
         ends = np.cumsum(self._lengths)
-        if len(text) != ends[-1]:
-            write_requests_csv(records, self.path, columns=self._columns)
+        if not streamed or self.path.stat().st_size != ends[-1]:  # a row lost between finishing and streaming
+            write_requests_csv(records, self.path, columns=self._columns)  # (Ctrl-C at that instant): format again
             return
         order = np.argsort(np.frombuffer(self._ids, dtype=np.int64), kind="stable") + 1  # row i is line i + 1
         starts = ends - np.frombuffer(self._lengths, dtype=np.int64)
-        with atomic_path(self.path) as tmp, tmp.open("wb") as f:
-            f.write(text[:ends[0]])
-            for i in range(0, len(order), 8192):  # in blocks: a whole run's offsets as Python ints cost 15 MB
-                block = order[i:i + 8192]
-                f.writelines(text[a:b] for a, b in zip(starts[block].tolist(), ends[block].tolist()))
+        with self.path.open("rb") as src, atomic_path(self.path) as tmp, tmp.open("wb") as f:
+            f.write(_read_at(src, 0, int(ends[0])))
+            for i in range(0, len(order), self.REORDER_BLOCK):
+                block = order[i:i + self.REORDER_BLOCK]
+                f.writelines(_rows(src, starts[block].tolist(), ends[block].tolist()))
+
+    #: rows reordered at a time (:meth:`finish`): the whole file in memory cost 31 MB of a 204,800-request run's
+    #: 327 MB peak; rows finish nearly in request order, so a block's rows lie together in the file
+    REORDER_BLOCK = 8192
+
+
+def _read_at(f, start: int, end: int) -> bytes:
+    f.seek(start)
+    return f.read(end - start)
+
+
+def _rows(f, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The rows of a file at these offsets: one read of the stretch they lie in, unless it is more than twice
+    their bytes (rows finished far out of request order), then a read per row."""
+    lo, hi = min(starts), max(ends)
+    if hi - lo > 2 * (sum(ends) - sum(starts)):
+        return [_read_at(f, a, b) for a, b in zip(starts, ends)]
+    text = _read_at(f, lo, hi)
+    return [text[a - lo:b - lo] for a, b in zip(starts, ends)]
 
 
 #: the percentiles a summary reports, as ``np.percentile`` makes them its quantiles

@@ -738,15 +738,17 @@ _record = st.builds(RequestRecord, id=st.integers(0, 10**6), arrival=st.floats(-
 
 @settings(max_examples=200, deadline=None)
 @given(records=st.lists(_record, max_size=40), every=st.integers(1, 9), cluster=st.booleans(), fleet=st.booleans(),
-       lose=st.booleans())
+       lose=st.booleans(), block=st.integers(1, 8) | st.just(RecordStream.REORDER_BLOCK))
 def test_a_streamed_requests_csv_is_put_in_order_as_if_written_whole(tmp_path_factory, records, every, cluster,
-                                                                     fleet, lose):
-    """The stream formats each row once and reorders its own text at the end: the file is byte for byte what
+                                                                     fleet, lose, block):
+    """The stream formats each row once and reorders its own text at the end, ``block`` rows at a time (read
+    from the stretch of the file they lie in, or row by row): the file is byte for byte what
     :func:`write_requests_csv` writes from the records (ids repeated or not, names with commas, quotes, line
     breaks and accents); a record the stream never saw (``lose``: Ctrl-C between finishing and streaming) is
     formatted again."""
     d = tmp_path_factory.mktemp("stream")
     stream = RecordStream(d / "requests.csv", flush_every=every, cluster=cluster, fleet=fleet)
+    stream.REORDER_BLOCK = block
     for r in records[:-1] if lose and records else records:
         stream(r)
     stream.finish(records)
