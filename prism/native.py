@@ -29,6 +29,7 @@ import sys
 
 #: the compiled modules and their source files in the repository (pyproject's package-dir)
 MODULES = {
+    "prism.calibration.cost_model": "calibration/cost_model.py",
     "prism.core": "prism/core.py",
     "prism.policies.anchors": "policies/anchors.py",
     "prism.policies.bookkeeping": "policies/bookkeeping.py",
