@@ -583,6 +583,31 @@ def test_ctrl_c_while_a_command_imports_is_one_line(capsys, monkeypatch):
     assert capsys.readouterr().err == "prism-sim: interrupted\n"
 
 
+@pytest.mark.parametrize("user", [None, "4"])
+def test_the_simulator_starts_numpy_with_one_blas_thread_unless_told(monkeypatch, user):
+    """prism-sim and prism-trace import their command with OPENBLAS_NUM_THREADS=1 (no spinning BLAS threads at
+    numpy's import); a value the user set stays, and the other commands leave it alone."""
+    import importlib
+    from types import SimpleNamespace
+
+    from prism.cli import launch
+
+    if user is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", user)
+    seen = {}
+
+    def command(name):
+        seen[name] = os.environ.get("OPENBLAS_NUM_THREADS")
+        return SimpleNamespace(main=lambda: None)
+    monkeypatch.setattr(importlib, "import_module", command)
+    launch.calibrate()
+    launch.sim()
+    launch.trace()
+    assert seen == {"prism.cli.calibrate": user, "prism.cli.sim": user or "1", "prism.cli.trace": user or "1"}
+
+
 def test_every_console_script_goes_through_the_launcher():
     import tomllib
 
