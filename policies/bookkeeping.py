@@ -11,8 +11,7 @@ simulated and the live run of a method count, label and inform their policies al
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, MutableMapping, Sequence
 
 from prism.counters import (ADMITTED_LANE, FRONT_ALIGNMENT_MOVES, FRONTEND_HELD, FRONTEND_PASSED, FRONTEND_WINDOWS,
                             REPREFILL_HIT_TOKENS, REPREFILLED_TOKENS)
@@ -26,7 +25,7 @@ class Bookkeeper:
     __slots__ = ("scheduler", "eviction", "hints", "counters")
 
     def __init__(self, scheduler: Scheduler, eviction: EvictionPolicy, hints: DemandHints,
-                 counters: Counter) -> None:
+                 counters: MutableMapping[str, int]) -> None:
         self.scheduler, self.eviction, self.hints, self.counters = scheduler, eviction, hints, counters
 
     def admit(self, seq, lane: str, hit: int, new: int, again: bool) -> None:
@@ -56,7 +55,7 @@ class Bookkeeper:
 
 
 def release_window(scheduler: Scheduler, held: Sequence[WaitingRequest], ctx: SchedContext,
-                   submit: Callable[[Any], None], counters: Counter, room: int | None = None,
+                   submit: Callable[[Any], None], counters: MutableMapping[str, int], room: int | None = None,
                    counter: str = FRONTEND_WINDOWS) -> list:
     """An admission front end's round: ``scheduler`` orders the requests a window ``held``; the first ``room``
     of them in plan order (None: all) are realigned to their plan's segment order, labelled with their lane and
@@ -84,7 +83,7 @@ class Backlog:
 
     __slots__ = ("scheduler", "counters", "pending")
 
-    def __init__(self, scheduler: Scheduler, counters: Counter) -> None:
+    def __init__(self, scheduler: Scheduler, counters: MutableMapping[str, int]) -> None:
         self.scheduler, self.counters = scheduler, counters
         self.pending: list = []  # in the last plan's order, then arrivals since
 

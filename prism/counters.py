@@ -61,6 +61,15 @@ def admitted_lane(lane: str) -> str:
     return f"admitted_{lane}_lane"
 
 
+class Counts(dict):
+    """Counts by counter name; a name not counted yet reads 0, as in ``collections.Counter``, which an engine's
+    counters were. ``Counter`` defines ``__delitem__``, and so every ``counts[name] += n`` stored through a
+    Python-level slot: 100 ns against 49 here, and an engine counts each iteration."""
+
+    def __missing__(self, name: str) -> int:
+        return 0
+
+
 class _Names(dict):
     """name function's results by label, made on first use (an engine counts one per admission)."""
 

@@ -34,7 +34,6 @@ and then unlocked.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from typing import Any, Callable
 
 import simpy
@@ -42,7 +41,7 @@ import simpy
 from prism.calibration.cost_model import CostModel
 from prism.core import TOKEN_BYTES, Request, SegmentedPrompt, output_token_bytes, realigned
 from prism.counters import DECODE_ITERATIONS, EVICTED_NODES, EVICTED_TOKENS, PREFILL_ITERATIONS, \
-    RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS
+    RETRACTED_OUTPUT_TOKENS, RETRACTIONS, SCHEDULING_ROUNDS, Counts
 from prism.policies.base import DemandHints, EvictionPolicy, SchedContext, Scheduler
 from prism.policies.bookkeeping import Bookkeeper
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
@@ -130,7 +129,7 @@ class Engine:
         self.events = events
         self.host = host  # the shared GPU it runs on, where it has one (module docstring)
         self.shared_pool = False  # its KV pages come from a pool other models map from too (module docstring)
-        self.counters: Counter = Counter()
+        self.counters = Counts()
         self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
         self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
         self.waiting: list[Seq] = []

@@ -21,11 +21,11 @@ front end holds (``qas.front_end``, DESIGN §3):
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Protocol
 
 import simpy
 
+from prism.counters import Counts
 from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
 from prism.policies.bookkeeping import Backlog, release_window
 
@@ -64,7 +64,7 @@ class FrontEnd:
         self.window = window_s
         self.limit = limit
         self.buffer: list[Seq] = []  # the window's arrivals (arrivals mode)
-        self.counters: Counter = Counter()
+        self.counters = Counts()
         self.backlog = Backlog(scheduler, self.counters) if limit is not None else None
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
