@@ -592,10 +592,9 @@ def test_the_simulator_starts_numpy_with_one_blas_thread_unless_told(monkeypatch
 
     from prism.cli import launch
 
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", user or "")  # noted, so that the launcher's value goes after the test
     if user is None:
-        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OPENBLAS_NUM_THREADS", user)
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     seen = {}
 
     def command(name):
