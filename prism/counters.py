@@ -2,7 +2,8 @@
 
 The simulator's engine, a live SGLang server's plugin and the policies count under these names, so that a
 simulated and a live run of the same method compare counter for counter. A name formed from a label (an
-eviction tier, a scheduler's lane) is built by its function here.
+eviction tier, a scheduler's lane) is built by its function here. :class:`Counts` is what an engine and a
+front end count in.
 """
 
 from __future__ import annotations
