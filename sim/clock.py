@@ -41,6 +41,15 @@ import simpy
 from simpy.events import NORMAL
 
 
+def due_at(env: simpy.Environment, t: float) -> simpy.Event:
+    """An event due at time ``t`` itself, where a timeout would be due at now plus the gap (which may differ from
+    ``t`` in the last bit): scheduled as ``Environment.schedule`` schedules a timeout, with ``t`` as its time."""
+    wait = simpy.Event(env)
+    wait._ok, wait._value = True, None
+    heappush(env._queue, (t, NORMAL, next(env._eid), wait))
+    return wait
+
+
 class Ticker:
     """One engine's clock: :meth:`elapse` lets an iteration's time pass; fed the run's arrivals (:meth:`feed`), it
     sends them as it passes them."""
@@ -89,13 +98,8 @@ class Ticker:
 
     def next_arrival(self) -> simpy.Event:
         """For an idle engine whose clock is fed: the event to wait on, due when the next arrival is sent (then call
-        :meth:`arrived`), or never if none is left. A new event, as the engine's wake-up is where it is not fed, due
-        at the send time itself (a timeout would be due at now plus the gap)."""
-        wait = simpy.Event(self.env)
-        if self._due < math.inf:
-            wait._ok, wait._value = True, None
-            heappush(self.env._queue, (self._due, NORMAL, next(self.env._eid), wait))
-        return wait
+        :meth:`arrived`), or never if none is left. A new event, as the engine's wake-up is where it is not fed."""
+        return due_at(self.env, self._due) if self._due < math.inf else simpy.Event(self.env)
 
     def arrived(self) -> None:
         """The idle engine woke at the next arrival's time: send what is due now."""

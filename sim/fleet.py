@@ -60,6 +60,7 @@ from prism.policies.sharing_static import FleetTooSmall
 from prism.settings import ONLY_MODEL, RunSpec
 from prism.traces.trace import ServedModel, Trace
 
+from prism.sim.clock import due_at
 from prism.sim.engine import Seq
 from prism.sim.events import EngineEvents
 from prism.sim.fleet_gpu import Copy, Gpu, kv_used
@@ -213,20 +214,35 @@ class Fleet:
 
     def _sampler(self, every: float):
         """Memory samples every ``every`` s; a fleet whose waiting requests see no iteration, load or finish for
-        :data:`STALL_S` simulated seconds is stuck (a scheme that cannot make room), an error, not a hang."""
-        mark, since = None, self.env.now
+        :data:`STALL_S` simulated seconds is stuck (a scheme that cannot make room), an error, not a hang.
+
+        The samples due before the run's next event are taken at once, each as the last: nothing changes in
+        between (only an event changes the fleet), and as no other event runs meanwhile, the wait for the next
+        sample is scheduled as it would be at the last of them (an idle model's part of a fleet, ``parts``, would
+        otherwise wake its clock every sample)."""
+        env = self.env
+        mark, since = None, env.now
         while True:
+            t = env.now
             self.sample()
-            now = self._progress()
-            if now != mark or not self._waiting():
-                mark, since = now, self.env.now
-            elif self.env.now - since > STALL_S:
-                waiting = ", ".join(f"{n} ({k})" for n, k in self._waiting().items())
-                raise UserError(f"the fleet stalled at t={self.env.now:.0f} s: requests of {waiting} wait and no "
-                                f"engine ran, loaded or finished a request for {STALL_S:.0f} simulated seconds (the "
-                                f"{self.spec.fleet.sharing} scheme finds no room for them: give more GPUs or a "
-                                f"larger fleet.utilization)", "fleet")
-            yield self.env.timeout(every)
+            rows = self.samples[len(self.samples) - len(self.gpus):]
+            progress, waiting = self._progress(), bool(self._waiting())
+            quiet = min(env.peek(), t + STALL_S)  # nothing happens before (bounded, should nothing ever come)
+            while True:
+                if progress != mark or not waiting:
+                    mark, since = progress, t
+                elif t - since > STALL_S:
+                    waiting_for = ", ".join(f"{n} ({k})" for n, k in self._waiting().items())
+                    raise UserError(f"the fleet stalled at t={t:.0f} s: requests of {waiting_for} wait and no "
+                                    f"engine ran, loaded or finished a request for {STALL_S:.0f} simulated seconds "
+                                    f"(the {self.spec.fleet.sharing} scheme finds no room for them: give more GPUs "
+                                    f"or a larger fleet.utilization)", "fleet")
+                following = t + every  # as SimPy times a timeout of `every` at t
+                if not following < quiet:
+                    break
+                t = following
+                self.samples += [(t, *row[1:]) for row in rows]
+            yield due_at(env, following)
 
     def _progress(self) -> tuple:
         c = self.counters

@@ -330,6 +330,36 @@ def test_fleet_invariants(spec):
     assert 0 <= f["attainment"] <= min(f["attainment_ttft"], f["attainment_tpot"]) <= 1
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=fleets(), sample_s=st.sampled_from([0.5, 1.0, 7.0]))
+def test_memory_samples_of_a_quiet_stretch_taken_at_once_are_those_taken_in_turn(spec, sample_s):
+    """The sampler takes the samples due before the run's next event at once (``Fleet._sampler``): the same samples,
+    records and summary as a sampler that wakes for each (the run's next event said to be due now), under every
+    scheme; arrivals fall on the samples' times."""
+    import json
+
+    import simpy
+
+    from prism.policies.sharing_static import FleetTooSmall
+
+    spec = spec.__class__(**{**spec.__dict__, "fleet": spec.fleet.__class__(**{**spec.fleet.__dict__,
+                                                                               "sample_s": sample_s})})
+    out = []
+    for each in (False, True):
+        peek = simpy.Environment.peek
+        if each:
+            simpy.Environment.peek = lambda env: env.now
+        try:
+            res = simulate(spec)
+        except FleetTooSmall:
+            return
+        finally:
+            simpy.Environment.peek = peek
+        summary = json.dumps({k: v for k, v in res.summary.items() if k != "wall_s"}, sort_keys=True)
+        out.append((csv_bytes(sorted(res.records, key=lambda r: r.id), fleet=True), summary, res.memory))
+    assert out[0] == out[1]
+
+
 #: fleets the invariants above once failed on (found by a longer search of the same space, and of one whose
 #: second and fourth models run on 2 GPUs: ``TP``), each with what was wrong: (sharing, GPUs,
 #: fleet.utilization, compute, method, models, [(arrival, model, prompt, output)], tensor parallel)
