@@ -108,6 +108,9 @@ class SharingScheme(Policy):
     #: it reads each model's measured token rate (``ModelView.token_rate``): the fleet counts every iteration's
     #: tokens only for a scheme that does (a rate entry an iteration costs a shared fleet's run 3-5%: bench_fleet.py)
     measures_rates = False
+    #: every model on GPUs of its own from the start, and nothing ever moves (no tick, wake or idle action): the
+    #: models share nothing, so the fleet may run each on a clock of its own (``sim/fleet.py``)
+    models_apart = False
 
     def __init__(self, knobs=None) -> None:
         self.knobs = knobs

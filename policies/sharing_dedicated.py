@@ -14,6 +14,7 @@ from prism.policies.sharing import Action, FleetView, SharingScheme, activate
 class Dedicated(SharingScheme):
     name = "dedicated"
     elastic = False
+    models_apart = True
 
     @staticmethod
     def gpus_needed(tps: Sequence[int]) -> int:

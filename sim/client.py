@@ -9,20 +9,27 @@ import simpy
 
 from prism.core import Request
 
-from prism.sim.clock import Ticker
+from prism.sim.clock import Ticker, due_at
 from prism.sim.engine import Seq
 
 
 def send_times(requests: Iterable[Request], start: float = 0.0) -> Iterator[float]:
     """When the replay sends each request, from a clock at ``start``: at its arrival as a SimPy timeout reaches it
     (the clock plus the gap, which may differ from the arrival in the last bit), or at once if it is due already.
-    :meth:`Client._replay`'s clock, which ``tests/test_clock.py`` holds equal to it."""
+    What :class:`Client` sends by, with its own process or its engine's fed clock (``tests/test_clock.py`` holds
+    the two alike)."""
     now = start
     for req in requests:
         delay = req.arrival - now
         if delay > 0:
             now = now + delay  # Environment.schedule's time
         yield now
+
+
+def part_times(sent: Sequence[float], positions: Iterable[int], start: float = 0.0) -> list[tuple[float, float]]:
+    """For the requests at ``positions`` of a replay whose send times are ``sent``: (when its clock turns to the
+    request, when it sends it); it turns to a request as it sends the one before (at ``start`` for the first)."""
+    return [(sent[i - 1] if i else start, sent[i]) for i in positions]
 
 
 class Receiver(Protocol):
@@ -37,10 +44,15 @@ class Client:
 
     ``engine`` is anything with ``submit(seq)``: the engine itself, or an admission front end before it.
     ``clock``: the engine's own clock where the engine is the run's only process; the clock then sends the
-    arrivals as it passes them (``sim/clock.py``), not a process of the client's, at the same times."""
+    arrivals as it passes them (``sim/clock.py``), not a process of the client's, at the same times.
+    ``times``: where ``requests`` are part of a larger replay (one model's requests, ``sim/fleet.py``), per request
+    when that replay's clock turns to it and when it sends it (:func:`part_times`), so that each is sent as it
+    would be there: at the same time, and scheduled at the same time (which settles a tie with an iteration that
+    ends just then)."""
 
     def __init__(self, env: simpy.Environment, engine: Receiver, requests: Sequence[Request],
-                 max_concurrency: int | None = None, clock: Ticker | None = None) -> None:
+                 max_concurrency: int | None = None, clock: Ticker | None = None,
+                 times: Iterable[tuple[float, float]] | None = None) -> None:
         self.env = env
         self.engine = engine
         self.requests = requests
@@ -48,17 +60,22 @@ class Client:
         self.in_flight = 0
         self.backlog: deque[Seq] = deque()
         self.process: simpy.Process | None = None
-        if clock is None:
-            self.process = env.process(self._replay())
-        else:
+        if clock is not None:
+            assert times is None, "a fed clock sends a whole replay"
             clock.feed(send_times(requests, env.now), self._arrive)
+        else:
+            self.process = env.process(self._replay(times))
 
-    def _replay(self):
+    def _replay(self, times: Iterable[tuple[float, float]] | None):
         env = self.env
-        for i, req in enumerate(self.requests):
-            delay = req.arrival - env.now
-            if delay > 0:
-                yield env.timeout(delay)
+        if times is None:  # the whole replay: it turns to each request as it sends the one before
+            start = env.now
+            times = ((start, t) for t in send_times(self.requests, start))
+        for i, (turn, t) in enumerate(times):
+            if turn > env.now:
+                yield due_at(env, turn)
+            if t > env.now:
+                yield due_at(env, t)  # where a timeout of the gap would be due: at t itself
             self._arrive(i)
 
     def _arrive(self, i: int) -> None:

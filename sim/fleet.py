@@ -35,13 +35,18 @@ cached prefixes, mapped but unused, free) every ``fleet.sample_s``.
 
 A single-model trace on the ``dedicated`` scheme is served exactly as the single engine serves it: one copy, no
 host (no shared compute, no page pool), the same requests.csv byte for byte (tests/test_fleet.py).
+
+Where the models share nothing (``dedicated``: each on GPUs of its own, nothing ever moves) and no client limit
+holds their requests together, each model runs on a clock of its own (:meth:`Fleet.parts`): the same records,
+summary and memory samples as on one clock (tests/test_fleet.py), at about a single engine's cost a request
+instead of 2.4 times it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -80,7 +85,7 @@ class ModelServer:
     .ModelView`), its copies and the requests waiting for it to be activated."""
 
     def __init__(self, fleet: "Fleet", served: ServedModel, profile: Profile, spec: RunSpec, requests: list[Request],
-                 elastic: bool, window_s: float) -> None:
+                 elastic: bool, window_s: float, span: float) -> None:
         self.fleet, self.served, self.profile, self.spec = fleet, served, profile, spec
         self.name, self.tp = served.name, served.tp
         m = profile.model
@@ -92,7 +97,6 @@ class ModelServer:
         self.ttft_slo_s = served.ttft_slo_s if served.ttft_slo_s is not None else math.inf
         self.tpot_slo_s = served.tpot_slo_s if served.tpot_slo_s is not None else math.inf
         self.prefill_speed = 1.0 / profile.cost.b_p  # tokens/s of a large chunked prefill
-        span = max((r.arrival for r in fleet.spec.trace.requests), default=0.0) or 1.0
         self.expected_rate = len(requests) / span
         self.expected_tokens = (sum(r.prompt_len + r.output_len for r in requests) / len(requests)) if requests else 0.0
         biggest = max((r.prompt_len + r.output_len for r in requests), default=1)
@@ -153,27 +157,27 @@ class FleetCounters:
 class Fleet:
     """The fleet of one run (module docstring); ``submit`` is what the client sends requests to."""
 
-    def __init__(self, spec: RunSpec, replay: Replay, events: EngineEvents | None = None) -> None:
+    def __init__(self, spec: RunSpec, replay: Replay, events: EngineEvents | None = None,
+                 gpus: Sequence[int] | None = None) -> None:
         self.spec, self.replay, self.env, self.events = spec, replay, replay.env, events
         cfg = spec.fleet
         self.scheme: SharingScheme = make_sharing(cfg.sharing, spec.sharing_configs)
         gpu = self.gpu_profile = profiles.gpu(cfg.gpu)
         self.loading = LoadingConfig(engine_pool=self.scheme.engine_pool, cold_start_s=cfg.cold_start_s,
                                      parallel_links=self.scheme.parallel_links or gpu.gpus_per_node)
-        serial = cfg.compute == "serial" and cfg.sharing != "dedicated"
+        serial = cfg.compute == "serial" and not self.scheme.models_apart  # no GPU has two models' engines
         self.gpus = [Gpu(self.env, i, i // gpu.gpus_per_node, GpuMemory.for_gpu(gpu, cfg.utilization, name=f"gpu{i}"),
-                         serial) for i in range(cfg.gpus)]
+                         serial) for i in (range(cfg.gpus) if gpus is None else gpus)]
+        self._gpu = {g.index: g for g in self.gpus}  # by index (a part holds some of the fleet's, sim/fleet.py)
         self.counters = FleetCounters()
         self.multi = bool(spec.trace.meta.get("models"))
-        by_model: dict[str, list[Request]] = {}
-        for r in spec.trace.requests:
-            by_model.setdefault(r.model or ONLY_MODEL, []).append(r)
+        span = spec.trace.last_arrival() or 1.0  # each model's expected rate is over the trace's span
         self.models: dict[str, ModelServer] = {}
         for served in spec.served_models:
             profile = served_profile(gpu, profiles.model(served.profile), served.tp)
-            mine = by_model.get(served.name, [])
+            mine = [spec.trace.requests[i] for i in positions_of(spec.trace, served.name)]
             self.models[served.name] = ModelServer(self, served, profile, model_spec(spec, served, profile, mine),
-                                                   mine, self.scheme.elastic, cfg.rate_window_s)
+                                                   mine, self.scheme.elastic, cfg.rate_window_s, span)
         self.samples: list[tuple] = []
         self.retired: dict[str, float] = {}  # the counters of copies no longer resident
 
@@ -185,7 +189,7 @@ class Fleet:
         """Carry out a scheme's actions, in order."""
         for a in actions:
             m = self.models[a.model]
-            gpus = [self.gpus[i] for i in a.gpus]
+            gpus = [self._gpu[i] for i in a.gpus]
             free = not any(m.name in g.memory for g in gpus)  # one copy of a model per GPU
             if a.kind == "activate":
                 if m.state == EVICTED and free:
@@ -198,11 +202,12 @@ class Fleet:
             else:
                 raise ValueError(f"unknown action {a.kind!r}")
 
-    def start(self) -> None:
-        for a in self.scheme.start(self):  # resident from time 0: no load
+    def start(self, resident: list[Action] | None = None) -> None:
+        """Activate the models resident from time 0 (no load): the scheme's start, or ``resident``."""
+        for a in self.scheme.start(self) if resident is None else resident:
             if a.kind != "activate":
                 raise ValueError(f"a scheme starts by activating models, not {a.kind!r}")
-            self._activate(self.models[a.model], [self.gpus[i] for i in a.gpus], resident=True)
+            self._activate(self.models[a.model], [self._gpu[i] for i in a.gpus], resident=True)
         if self.scheme.interval_s:
             self.env.process(self._ticks(self.scheme.interval_s))
         self.env.process(self._sampler(self.spec.fleet.sample_s))
@@ -286,7 +291,7 @@ class Fleet:
         if m.elastic and (copy.squeezed or any(g._changed for g in copy.gpus)):
             copy.engine.drop_cached(copy.engine.cache.evictable_size)  # another model waits for these pages
             copy.settle(copy.engine)
-        if copy.idle():
+        if copy.idle() and not self.scheme.models_apart:  # such a scheme never acts on idle, and never drains
             self.env.process(self._on_idle(copy))
 
     def _on_idle(self, copy: Copy):
@@ -475,6 +480,60 @@ class Fleet:
             mapped = g.capacity_bytes - free - weights
             self.samples.append((t, g.index, weights, live, cached, max(0.0, mapped - live - cached), free))
 
+    # ---------------------------------------------------------------- models apart
+    #: False: every fleet runs on one clock (tests hold the two ways alike)
+    run_apart = True
+
+    def parts(self) -> list["Fleet"]:
+        """The fleet as one fleet per model, each on a clock of its own, where its models share nothing (the
+        scheme's ``models_apart``) and no client limit holds their requests together; [] where they may not.
+
+        Why: one clock makes each model's engine wait for every other model's iterations (a SimPy event each:
+        on 18 models, 2.4 times a lone engine's cost a request), where alone on its clock an engine passes most
+        of its iterations without one (``sim/clock.py``). A part is this fleet with one model and its GPUs (the
+        GPUs no model uses make a part of their own): the same engine, memory samples and stall check, its
+        requests sent at the whole replay's times (``Client``'s ``times``), its records handed to the whole run
+        as they finish. :func:`simulate_fleet` runs the parts a slice of simulated time at a time, so the
+        records come about in time order, and an interrupted run stops at about one time everywhere;
+        :meth:`gather` then makes this fleet's results of theirs."""
+        from prism.sim.client import Client, part_times, send_times
+
+        spec = self.spec
+        if not (self.run_apart and self.scheme.models_apart) or spec.engine.max_concurrency is not None:
+            return []
+        requests = spec.trace.requests
+        sent = list(send_times(requests))
+        out: list[Fleet] = []
+        held: set[int] = set()
+        for a in self.scheme.start(self):
+            mine = positions_of(spec.trace, a.model)
+            part = Fleet(replace(spec, served_models=(self.models[a.model].served,)),
+                         Replay(spec, False, self.replay.take, False), gpus=a.gpus)
+            part.start([a])
+            part.replay.client = Client(part.env, part, [requests[i] for i in mine], times=part_times(sent, mine))
+            out.append(part)
+            held.update(a.gpus)
+        idle = [g.index for g in self.gpus if g.index not in held]
+        if idle:
+            part = Fleet(replace(spec, served_models=()), Replay(spec, False, None, False), gpus=idle)
+            part.start([])
+            out.append(part)
+        return out
+
+    def gather(self, parts: list["Fleet"], complete: bool) -> None:
+        """This fleet's state made of its parts' (:meth:`parts`), as if it had run them: their models, GPUs,
+        counters, and memory samples up to the last finish (up to where every part got, if interrupted)."""
+        self.models = {n: p.models[n] for p in parts for n in p.models}
+        self.gpus = sorted((g for p in parts for g in p.gpus), key=lambda g: g.index)
+        self.counters = FleetCounters(*(sum(getattr(p.counters, f.name) for p in parts) for f in fields(FleetCounters)))
+        self.retired = {}
+        for p in parts:
+            for k, v in p.retired.items():
+                self.retired[k] = self.retired.get(k, 0) + v
+        records = self.replay.records
+        end = max(r.finish for r in records) if complete and records else min(p.env.now for p in parts)
+        self.samples = sorted((x for p in parts for x in p.samples if x[0] <= end), key=lambda x: (x[0], x[1]))
+
     # ---------------------------------------------------------------- results
     def counters_of(self) -> dict[str, float]:
         out = dict(self.retired)
@@ -496,6 +555,14 @@ class Fleet:
                                     "migrations": c.migrations, "bytes_moved": c.bytes_moved,
                                     "loading_s": c.loading_s,
                                     "vmm_path_s": sum(g.memory.counters.path_s for g in self.gpus)})
+
+
+def positions_of(trace: Trace, model: str) -> list[int]:
+    """Where the requests of ``model`` stand in ``trace`` (requests without a model go to :data:`ONLY_MODEL`)."""
+    positions = trace.positions_of_models()
+    if model != ONLY_MODEL:
+        return positions.get(model, [])
+    return sorted(positions.get(ONLY_MODEL, []) + positions.get(None, []))
 
 
 def model_spec(spec: RunSpec, served: ServedModel, profile: Profile, requests: list[Request]) -> RunSpec:
@@ -520,16 +587,36 @@ def simulate_fleet(spec: RunSpec, *, progress: bool = False, on_record: Callable
         fleet = Fleet(spec, run, events)
         if events is not None and hasattr(events, "attached_fleet"):
             events.attached_fleet(fleet)  # an observer of the fleet as well as of its engines (tests)
-        fleet.start()  # models resident from time 0 are there before the first request
-        run.client = Client(run.env, fleet, spec.trace.requests, spec.engine.max_concurrency)
+        parts = fleet.parts() if events is None else []  # an observer sees one clock
+        if not parts:
+            fleet.start()  # models resident from time 0 are there before the first request
+            run.client = Client(run.env, fleet, spec.trace.requests, spec.engine.max_concurrency)
 
         def result(complete: bool) -> SimResult:
+            if parts:
+                fleet.gather(parts, complete)
             res = run.result(fleet.counters_of(), sum(c.fixed_tokens for m in fleet.models.values() for c in m.copies),
                              complete, fleet=fleet.summary(run.records))
             res.memory = fleet.samples
             return res
 
-        return run.run(result)
+        return run.run(result, (lambda: _run_apart(run, parts)) if parts else None)
+
+
+#: the slices of simulated time the parts of a fleet run in turn (:meth:`Fleet.parts`): the trace's span over this
+#: many, at least one memory sample apart (a slice costs each part a few SimPy events)
+APART_SLICES = 16
+
+
+def _run_apart(run: Replay, parts: list[Fleet]) -> None:
+    """Run the parts of a fleet to the whole run's last finish, a slice of simulated time at a time."""
+    spec = run.spec
+    step = max(spec.fleet.sample_s, spec.trace.last_arrival() / APART_SLICES)
+    until = 0.0
+    while len(run.records) < run.total:
+        until += step
+        for p in parts:
+            p.env.run(until=until)
 
 
 def memory_rows(samples: list[tuple]) -> tuple[list[str], list[list]]:

@@ -132,16 +132,21 @@ class Replay:
 
     def finished(self, seq: Seq, instance: int | None = None, record: RequestRecord | None = None) -> None:
         """``seq`` finished (``instance``: where a router sent it; ``record``: its record, made by the caller)."""
-        self.records.append(record if record is not None else record_of(seq, instance))
         if self.served is not None:
             self.served.append((seq.prefill_start, seq.id, seq.segments, seq.output_len))
-        if self.on_record is not None:
-            self.on_record(self.records[-1])
+        self.take(record if record is not None else record_of(seq, instance))
         self.client.finished(seq)
-        if self.bar is not None:
-            self.bar.update(1)
         if len(self.records) == self.total:
             self.done.succeed()
+
+    def take(self, record: RequestRecord) -> None:
+        """A finished request's record: kept, streamed and counted (a fleet's parts hand theirs to the whole
+        run's, ``sim/fleet.py``)."""
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def result(self, counters: Mapping[str, int], kv_capacity_tokens: int, complete: bool,
                **extra: Any) -> SimResult:
@@ -169,15 +174,18 @@ class Replay:
         their arrival their admission."""
         return [Request(rid, t, segments, out) for t, rid, segments, out in sorted(self.served)]
 
-    def run(self, result: Callable[[bool], SimResult]) -> SimResult:
-        """Simulate to the last finish. Ctrl-C raises :class:`SimInterrupted` with ``result(False)``, the
-        requests that finished; once all have finished, Ctrl-C waits for the summary, and the interruption
-        carries the whole result (``complete``: true)."""
+    def run(self, result: Callable[[bool], SimResult], advance: Callable[[], None] | None = None) -> SimResult:
+        """Simulate to the last finish (``advance``: how, where not this run's clock to its last finish). Ctrl-C
+        raises :class:`SimInterrupted` with ``result(False)``, the requests that finished; once all have finished,
+        Ctrl-C waits for the summary, and the interruption carries the whole result (``complete``: true)."""
         try:
             # the summary's trace-order reference first: the trie it walks (223 bytes a request on prefix20) is
             # freed before the simulation's state grows, not built on top of it at the end
             self.spec.trace.infinite_cache_hit_rate()
-            self.env.run(until=self.done)
+            if advance is None:
+                self.env.run(until=self.done)
+            else:
+                advance()
         except KeyboardInterrupt:
             with InterruptsHeld():
                 res = result(False)

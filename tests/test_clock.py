@@ -20,7 +20,7 @@ import prism.sim.run as run_module
 from prism.calibration.cost_model import load_profile
 from prism.cli.sim import main as sim_main
 from prism.settings import EngineConfig, RunSpec
-from prism.sim.client import Client, send_times
+from prism.sim.client import Client, part_times, send_times
 from prism.sim.clock import Ticker
 from prism.sim.events import EngineEvents
 from prism.traces.spec import generate
@@ -217,6 +217,38 @@ def test_a_lone_engines_clock_sends_arrivals_as_a_process_would():
     assert fed[0] == [(0.0, (0, 1)), (0.25, (2,)), (0.5, (3,)), (0.75, (4, 5, 6)), (late, (7,)), (4.0, (8, 9)),
                       (4.25, (10,))]
     assert [t for _, t in fed[1]] == list(send_times(make_trace([(t, [(SYS, "s", 4)], 1) for t in arrivals]).requests))
+
+
+def test_one_models_part_of_a_replay_is_sent_as_the_whole_replay_sends_it():
+    """A fleet's part (``sim/fleet.py``) replays one model's requests on a clock of its own, at the whole replay's
+    times (``part_times``). A tie with an iteration's end must go as on the whole replay's clock, where a
+    request's timeout is scheduled when the request before it, of any model, is sent: request 2 (model a) arrives
+    at 0.25, when a's first iteration ends; on one clock its timeout was scheduled at 0.1 (when b's request 1 was
+    sent), after that iteration's end (scheduled at 0), so the engine ends the iteration first, runs another and
+    takes request 2 at 0.5. Scheduled at 0, when a's own request before it was sent, it would go first and be
+    taken at 0.25. Requests 4 and 5 fall together at 0.75, with b's 6 between them in the trace."""
+    arrivals = [(0.0, "a"), (0.1, "b"), (0.25, "a"), (0.3, "b"), (0.75, "a"), (0.75, "a"), (0.75, "b"), (0.9, "a"),
+                (3.0, "b"), (3.25, "a")]
+    trace = make_trace([(t, [(SYS, "s", 4)], 1) for t, _ in arrivals])
+    mine = [i for i, (_, m) in enumerate(arrivals) if m == "a"]
+
+    class Route:
+        def __init__(self, env) -> None:
+            self.a, self.b = _Toy(env), _Toy(env)
+
+        def submit(self, seq) -> None:
+            (self.a if seq.id in mine else self.b).submit(seq)
+
+    env = simpy.Environment()
+    whole = Route(env)
+    Client(env, whole, trace.requests)
+    env.run(until=10)
+    env = simpy.Environment()
+    part = _Toy(env)
+    Client(env, part, [trace.requests[i] for i in mine], times=part_times(list(send_times(trace.requests)), mine))
+    env.run(until=10)
+    assert (part.starts, part.arrivals) == (whole.a.starts, whole.a.arrivals)
+    assert part.starts[:2] == [(0.0, (0,)), (0.5, (2,))]
 
 
 class _Iterations(EngineEvents):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,123 @@ def test_one_model_on_a_dedicated_gpu_is_the_single_engine(method):
     assert a.records == b.records
     assert csv_bytes(a.records) == csv_bytes(b.records)
     assert b.summary["fleet"]["per_model"]["model"]["requests"] == 300
+
+
+# ---------------------------------------------------------------------------------------------- models apart
+def _together_and_apart(spec: RunSpec):
+    """The run on one clock and with each model on its own (``Fleet.parts``): requests.csv, the summary without its
+    wall time (as JSON: a model without requests has NaN percentiles), counters and memory samples of each."""
+    import json
+
+    from prism.sim.fleet import Fleet
+
+    out = []
+    for apart in (False, True):
+        Fleet.run_apart = apart
+        try:
+            res = simulate(spec)
+        finally:
+            Fleet.run_apart = True
+        summary = json.dumps({k: v for k, v in res.summary.items() if k != "wall_s"}, sort_keys=True)
+        out.append((csv_bytes(sorted(res.records, key=lambda r: r.id), fleet=True), summary, res.counters,
+                    res.memory))
+    return out
+
+
+def _parts(spec: RunSpec) -> int:
+    from prism.sim.fleet import Fleet, with_slos
+    from prism.sim.run import Replay
+
+    spec = with_slos(spec)
+    return len(Fleet(spec, Replay(spec, False, None, False)).parts())
+
+
+@st.composite
+def apart_fleets(draw):
+    """Dedicated fleets: 1-4 models, two of them on 2 GPUs where drawn, up to 2 GPUs no model uses, arrivals
+    that fall together and on the memory samples' times."""
+    tp = 2 if draw(st.booleans()) else 1
+    models = [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b", tp), ("m2", "llama-3.2-3b"), ("m3", "qwen2.5-1.5b", tp)]
+    m = draw(st.integers(1, 4))
+    t, specs = 0.0, []
+    for _ in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0.0, 0.01, 0.1, 0.5, 3.0, 20.0]))
+        specs.append((t, models[draw(st.integers(0, m - 1))][0], draw(st.integers(1, 3000)),
+                      draw(st.integers(1, 200))))
+    used = models[:m]
+    gpus = sum(x[2] if len(x) > 2 else 1 for x in used) + draw(st.integers(0, 2))
+    return fleet_run(multi_trace(specs, used), "dedicated", gpus, draw(st.sampled_from(["sglang", "fcfs", "prism"])),
+                     sample_s=draw(st.sampled_from([0.5, 1.0, 7.0])))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=apart_fleets())
+def test_a_fleet_of_models_apart_runs_each_on_its_own_clock_as_on_one(spec):
+    """Dedicated GPUs share nothing: each model's part of the fleet on a clock of its own gives the run on one
+    clock, every record, summary figure, counter and memory sample alike (GPUs no model uses included)."""
+    assert _parts(spec) == len(spec.served_models) + (spec.fleet.gpus > sum(m.tp for m in spec.served_models))
+    together, apart = _together_and_apart(spec)
+    assert apart == together
+
+
+def test_the_multimodel_trace_on_dedicated_gpus_runs_apart_as_on_one_clock():
+    """The built-in multi-model trace (its models' own profiles, ON/OFF arrivals, realistic costs)."""
+    spec = settings_from({"fleet": {"sharing": "dedicated"}, "trace": {"num_requests": 400}}, "t").resolve("multimodel")
+    assert _parts(spec) > 1
+    together, apart = _together_and_apart(spec)
+    assert apart == together and apart[0].count(b"\n") == 401 and apart[3]
+
+
+def test_models_held_together_by_a_client_limit_or_an_observer_share_one_clock():
+    """A client limit makes one model's requests wait for another's to finish, and an observer sees every engine
+    in time order: such a fleet runs on one clock."""
+    from prism.sim.fleet import Fleet, with_slos
+    from prism.sim.run import Replay
+
+    trace = multi_trace([(0.1 * i, f"m{i % 2}", 500, 20) for i in range(20)],
+                        [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b")])
+    spec = fleet_run(trace, "dedicated", 2)
+    assert _parts(spec) == 2
+    limited = spec.__class__(**{**spec.__dict__, "engine": EngineConfig(max_concurrency=3)})
+    assert _parts(limited) == 0
+    assert len(simulate(limited).records) == 20
+
+    class Counting(EngineEvents):
+        iterations = 0
+
+        def decode_started(self, eng, n) -> None:
+            Counting.iterations += 1
+
+    assert len(simulate(spec, events=Counting()).records) == 20 and Counting.iterations > 0
+
+
+def test_an_interrupted_fleet_of_models_apart_keeps_what_finished(monkeypatch):
+    """Ctrl-C while the parts run: the records that finished and the memory samples up to where every part got,
+    the summary marked incomplete."""
+    from prism.sim import fleet as fleet_mod
+    from prism.sim.run import SimInterrupted
+
+    trace = multi_trace([(0.5 * i, f"m{i % 3}", 800, 40) for i in range(60)],
+                        [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b"), ("m2", "llama-3.2-3b")])
+    spec = fleet_run(trace, "dedicated", 3)
+    taken = []
+    original = fleet_mod.Replay.take
+
+    def take(self, record):
+        original(self, record)
+        if self.client is None:  # the whole run's (its parts' have clients)
+            taken.append(record)
+            if len(taken) == 25:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(fleet_mod.Replay, "take", take)
+    with pytest.raises(SimInterrupted) as e:
+        simulate(spec)
+    res = e.value.result
+    assert len(res.records) == 25 and res.summary["complete"] is False
+    times = [t for t, *_ in res.memory]
+    assert times and times == sorted(times)
+    assert set(Counter(times).values()) == {3}  # every GPU at every time kept: one cut for all parts
 
 
 # ---------------------------------------------------------------------------------------------- hand-computed cases

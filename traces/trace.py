@@ -95,6 +95,8 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. the hot set
     _infinite_hit_rate: float | None = field(default=None, repr=False, compare=False)
     _largest: tuple[Segment, Request] | None = field(default=None, repr=False, compare=False)
+    _of_model: dict[str | None, list[int]] | None = field(default=None, repr=False, compare=False)
+    _last_arrival: float | None = field(default=None, repr=False, compare=False)
 
     def infinite_cache_hit_rate(self) -> float:
         """Hit rate of an unbounded cache over the trace's own prompt order (computed once)."""
@@ -112,6 +114,22 @@ class Trace:
             self._largest = (max(segments, key=attrgetter("length")),
                              max(self.requests, key=lambda r: r.prompt_len + r.output_len))
         return self._largest
+
+    def positions_of_models(self) -> dict[str | None, list[int]]:
+        """Where each model's requests stand in the trace, in order (None: requests without a model); computed
+        once: a fleet and each of its parts read them."""
+        if self._of_model is None:
+            out: dict[str | None, list[int]] = {}
+            for i, r in enumerate(self.requests):
+                out.setdefault(r.model or None, []).append(i)
+            self._of_model = out
+        return self._of_model
+
+    def last_arrival(self) -> float:
+        """The latest arrival (0 without requests); computed once."""
+        if self._last_arrival is None:
+            self._last_arrival = max((r.arrival for r in self.requests), default=0.0)
+        return self._last_arrival
 
     def __len__(self) -> int:
         return len(self.requests)
