@@ -34,8 +34,7 @@ def plot_memory(samples: Sequence[tuple], path: Path, title: str = "") -> Path:
     axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         axes[0, 0].set_title(title, fontsize=9)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(fig, path)  # laid out tight there
 
 
 def plot_attainment(agg: list[dict[str, Any]], out: Path, target: float | None = None) -> list[Path]:
@@ -69,6 +68,5 @@ def plot_attainment(agg: list[dict[str, Any]], out: Path, target: float | None =
             ax.grid(alpha=0.3)
         axes[0, 0].set_ylabel("SLO attainment (TTFT and TPOT)")
         axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
         paths.append(save_figure(fig, out / name))
     return paths
