@@ -9,15 +9,16 @@ engine, side by side in one run.
    requests per wall second.
 2. **Per-request cost against the single engine** (#31: within 1.3x). Each model's requests, alone, run on the
    single engine (``sim/run.py``, the reference; SLOs set, as the fleet does, so that both sides do the same
-   work); then all of them together in one fleet: ``dedicated`` (one GPU per model: the same engines, so the
-   ratio is the fleet machinery's own cost: memory pools, compute slots, the scheme's ticks) and the scheme
+   work); then all of them together in one fleet: ``dedicated`` (one GPU per model: the same engines, each on a
+   clock of its own, ``Fleet.parts``, so the ratio is the fleet machinery's own cost: its memory samples, its
+   client's events, building the parts) and the scheme
    asked for (the same requests on fewer GPUs: other dynamics, so its ratio also moves with them). Wall time per
    request, and the ratio to the single engines' sum; and the engine iterations (prefill and decode) each side
    simulated, with the wall time per iteration and its ratio. A shared fleet's engines batch differently, so
    its requests need not take as many iterations as the single engines'; the ratio per iteration is the
    simulator's own cost, the ratio per request also carries that difference in simulated work. A single engine's
    iterations mostly pass without a SimPy event (``sim/clock.py``: nothing else is due before they end); a
-   fleet's engines mostly cannot (another GPU's iteration ends first, another model holds the GPU).
+   shared fleet's engines mostly cannot (another GPU's iteration ends first, another model holds the GPU).
 
 The process pins itself to one core; sides are interleaved per repeat and the fastest wall time is kept
 (these machines are noisy: compare ratios from one run).

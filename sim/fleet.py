@@ -38,8 +38,9 @@ host (no shared compute, no page pool), the same requests.csv byte for byte (tes
 
 Where the models share nothing (``dedicated``: each on GPUs of its own, nothing ever moves) and no client limit
 holds their requests together, each model runs on a clock of its own (:meth:`Fleet.parts`): the same records,
-summary and memory samples as on one clock (tests/test_fleet.py), at about a single engine's cost a request
-instead of 2.4 times it.
+summary and memory samples as on one clock (tests/test_fleet.py), at 1.3-1.4 times the models' single engines'
+cost a request instead of 2.4 times it (benchmarks/bench_fleet.py: what is left is a memory sample's wake while a
+model is busy, and an arrival's event or two).
 """
 
 from __future__ import annotations
@@ -501,6 +502,8 @@ class Fleet:
         spec = self.spec
         if not (self.run_apart and self.scheme.models_apart) or spec.engine.max_concurrency is not None:
             return []
+        if self.scheme.interval_s:  # its ticks could move a model: each part would tick a fleet of its own
+            raise ValueError(f"the {self.scheme.name} scheme keeps its models apart: it has no ticks")
         requests = spec.trace.requests
         sent = list(send_times(requests))
         out: list[Fleet] = []

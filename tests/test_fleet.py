@@ -3,6 +3,7 @@ and balloon shrinks, invariants over random fleets (hypothesis), SLO attainment 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections import Counter
@@ -147,7 +148,7 @@ def test_models_held_together_by_a_client_limit_or_an_observer_share_one_clock()
                         [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b")])
     spec = fleet_run(trace, "dedicated", 2)
     assert _parts(spec) == 2
-    limited = spec.__class__(**{**spec.__dict__, "engine": EngineConfig(max_concurrency=3)})
+    limited = dataclasses.replace(spec, engine=EngineConfig(max_concurrency=3))
     assert _parts(limited) == 0
     assert len(simulate(limited).records) == 20
 
@@ -158,6 +159,20 @@ def test_models_held_together_by_a_client_limit_or_an_observer_share_one_clock()
             Counting.iterations += 1
 
     assert len(simulate(spec, events=Counting()).records) == 20 and Counting.iterations > 0
+
+
+def test_a_scheme_that_keeps_its_models_apart_has_no_ticks(monkeypatch):
+    """Each part of such a fleet holds one model: a tick there could not move it, so a scheme that says its
+    models stay apart and ticks is a contradiction, refused rather than run with its ticks split among the parts."""
+    from prism.policies.sharing_dedicated import Dedicated
+
+    class Ticking(Dedicated):
+        interval_s = 5.0
+
+    monkeypatch.setattr("prism.sim.fleet.make_sharing", lambda name, configs: Ticking())
+    trace = multi_trace([(0.0, "a", 100, 4)], [("a", "llama-3.2-1b")])
+    with pytest.raises(ValueError, match="keeps its models apart: it has no ticks"):
+        simulate(fleet_run(trace, "dedicated", 1))
 
 
 def test_an_interrupted_fleet_of_models_apart_keeps_what_finished(monkeypatch):
@@ -460,8 +475,7 @@ def test_memory_samples_of_a_quiet_stretch_taken_at_once_are_those_taken_in_turn
 
     from prism.policies.sharing_static import FleetTooSmall
 
-    spec = spec.__class__(**{**spec.__dict__, "fleet": spec.fleet.__class__(**{**spec.fleet.__dict__,
-                                                                               "sample_s": sample_s})})
+    spec = dataclasses.replace(spec, fleet=dataclasses.replace(spec.fleet, sample_s=sample_s))
     out = []
     for each in (False, True):
         peek = simpy.Environment.peek
