@@ -41,6 +41,11 @@ import simpy
 from simpy.events import NORMAL
 
 
+def _time_of(entry: tuple) -> float:
+    """A SimPy heap entry's time, unboxed (an int 0 at the start reads as 0.0: the same comparisons)."""
+    return entry[0]
+
+
 def due_at(env: simpy.Environment, t: float) -> simpy.Event:
     """An event due at time ``t`` itself, where a timeout would be due at now plus the gap (which may differ from
     ``t`` in the last bit): scheduled as ``Environment.schedule`` schedules a timeout, with ``t`` as its time."""
@@ -54,10 +59,13 @@ class Ticker:
     """One engine's clock: :meth:`elapse` lets an iteration's time pass; fed the run's arrivals (:meth:`feed`), it
     sends them as it passes them."""
 
-    __slots__ = ("env", "_wait", "_times", "_send", "_next", "_due", "fed")
+    __slots__ = ("env", "_heap", "_wait", "_times", "_send", "_next", "_due", "fed")
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
+        # SimPy's own (time, priority, serial, event) heap, made once with the environment: Environment.peek without
+        # its call (entries untyped: typed as SimPy has them, each of an entry's four would be unboxed to read one)
+        self._heap: list[tuple] = env._queue
         self._wait = simpy.Event(env)
         self._wait._ok, self._wait._value = True, None  # a timeout's outcome
         self._times: Iterator[float] = iter(())
@@ -77,9 +85,10 @@ class Ticker:
         """Let ``delay`` seconds pass for the running process: None when the clock has moved on at once (no other
         event is due by then), else the event to yield, due at the end."""
         env = self.env
-        end = env._now + delay
-        heap = env._queue  # SimPy's own (time, priority, serial, event) heap: Environment.peek without its call
-        if heap and heap[0][0] <= end:
+        now: float = env._now  # unboxed (SimPy types its clock int or float)
+        end = now + delay
+        heap = self._heap
+        if heap and _time_of(heap[0]) <= end:
             if self._due <= end:
                 raise RuntimeError("an engine fed its arrivals is not the run's only process")
             wait: Any = self._wait  # SimPy sets its callbacks to None once processed (typed as a list)
