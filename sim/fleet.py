@@ -99,8 +99,9 @@ class ModelServer:
         self.tpot_slo_s = served.tpot_slo_s if served.tpot_slo_s is not None else math.inf
         self.prefill_speed = 1.0 / profile.cost.b_p  # tokens/s of a large chunked prefill
         self.expected_rate = len(requests) / span
-        self.expected_tokens = (sum(r.prompt_len + r.output_len for r in requests) / len(requests)) if requests else 0.0
-        biggest = max((r.prompt_len + r.output_len for r in requests), default=1)
+        sizes = [r.prompt_len + r.output_len for r in requests]  # a prompt's length sums its segments'
+        self.expected_tokens = sum(sizes) / len(sizes) if sizes else 0.0
+        biggest = max(sizes, default=1)
         # SGLang admits only if prompt + max_new + one page < what is free (sim/admission.py): strictly less
         self.min_kv_tokens = biggest + spec.engine.page_size + 1
         # its KV pool on GPUs of its own, as SGLang sizes it (checked against its requests, where it has any)
@@ -219,8 +220,9 @@ class Fleet:
             self.apply(self.scheme.tick(self))
 
     def _sampler(self, every: float):
-        """Memory samples every ``every`` s; a fleet whose waiting requests see no iteration, load or finish for
-        :data:`STALL_S` simulated seconds is stuck (a scheme that cannot make room), an error, not a hang.
+        """Memory samples every ``every`` s (a row per GPU, :meth:`Gpu.sample`); a fleet whose waiting requests see
+        no iteration, load or finish for :data:`STALL_S` simulated seconds is stuck (a scheme that cannot make room),
+        an error, not a hang.
 
         The samples due before the run's next event are taken at once, each as the last: nothing changes in
         between (only an event changes the fleet), and as no other event runs meanwhile, the wait for the next
@@ -230,8 +232,8 @@ class Fleet:
         mark, since = None, env.now
         while True:
             t = env.now
-            self.sample()
-            rows = self.samples[len(self.samples) - len(self.gpus):]
+            rows = [g.sample(t) for g in self.gpus]  # one row per GPU
+            self.samples += rows
             progress, waiting = self._progress(), bool(self._waiting())
             quiet = min(env.peek(), t + STALL_S)  # nothing happens before (bounded, should nothing ever come)
             while True:
@@ -460,26 +462,6 @@ class Fleet:
             g.notify()
         if m.pending and m.state == EVICTED:
             self.apply(self.scheme.wake(self, m.name))
-
-    # ---------------------------------------------------------------- memory over time
-    def sample(self) -> None:
-        """One row per GPU: bytes of weights, KV of running requests, cached prefixes, mapped but unused, free."""
-        t = self.env.now
-        for g in self.gpus:
-            weights = live = cached = 0.0
-            for c in g.copies:
-                m = c.model
-                if m.name not in g.memory:
-                    continue  # its weights wait for pages
-                weights += g.memory.weight_pages(m.name) * PAGE_BYTES
-                if c.engine is not None:
-                    per = m.kv_bytes_per_token / m.tp
-                    used = kv_used(c.engine)
-                    live += (used - c.engine.cache.evictable_size) * per
-                    cached += c.engine.cache.evictable_size * per
-            free = g.free_bytes
-            mapped = g.capacity_bytes - free - weights
-            self.samples.append((t, g.index, weights, live, cached, max(0.0, mapped - live - cached), free))
 
     # ---------------------------------------------------------------- models apart
     #: False: every fleet runs on one clock (tests hold the two ways alike)

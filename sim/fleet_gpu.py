@@ -77,6 +77,25 @@ class Gpu:
     def capacity_bytes(self) -> float:
         return self.memory.total_pages * PAGE_BYTES
 
+    def sample(self, t: Any) -> tuple[Any, int, float, float, float, float, float]:
+        """Its memory at ``t`` (``Fleet.sample``'s row; the clock as SimPy has it: 0 at the start is an int):
+        bytes of weights, KV of running requests, cached prefixes, mapped but unused, free."""
+        weights = live = cached = 0.0
+        memory = self.memory
+        for c in self.copies:
+            name = c.model.name
+            if name not in memory:
+                continue  # its weights wait for pages
+            weights += memory.weight_pages(name) * PAGE_BYTES
+            e = c.engine
+            if e is not None:
+                evictable = e.cache.evictable_size
+                live += (kv_used(e) - evictable) * c.kv_bytes
+                cached += evictable * c.kv_bytes
+        free = self.free_bytes
+        unused = self.capacity_bytes - free - weights - live - cached
+        return (t, self.index, weights, live, cached, unused if unused > 0.0 else 0.0, free)
+
     @property
     def free_bytes(self) -> float:
         return self.memory.free_pages * PAGE_BYTES
@@ -103,6 +122,7 @@ class Copy:
 
     def __init__(self, fleet: "Fleet", model: "ModelServer", gpus: list[Gpu]) -> None:
         self.fleet, self.model, self.gpus = fleet, model, gpus
+        self.kv_bytes: float = model.kv_bytes_per_token / model.tp  # a KV token's bytes on each of its GPUs
         self.state = LOADING
         self.instance: Instance | None = None
         self.engine: Engine | None = None

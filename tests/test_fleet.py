@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prism.calibration import profiles
-from prism.calibration.loading import LoadingConfig, activation_seconds
+from prism.calibration.loading import PAGE_BYTES, LoadingConfig, activation_seconds
 from prism.core import PRIV, SYS, Request, SegmentTable
 from prism.metrics import write_requests_csv
 from prism.policies.registry import METHODS, SHARING
@@ -320,7 +320,9 @@ def test_a_compute_slot_serves_waiters_by_priority_then_arrival_with_each_waiter
 # ---------------------------------------------------------------------------------------------- invariants
 class FleetAudit(EngineEvents):
     """At every iteration of every engine: its copy is active or draining, every resident model's weights are
-    on its GPUs, and no GPU maps more pages than it has."""
+    on its GPUs, no GPU maps more pages than it has, and each GPU's memory sample is its pages: the weights its
+    models' weight pages, the free bytes its free pages, and the KV of its engines (running and cached) within
+    what it maps besides weights, the rest unused."""
 
     def __init__(self) -> None:
         self.fleet = None
@@ -339,6 +341,12 @@ class FleetAudit(EngineEvents):
             assert g.memory.used_pages <= g.memory.total_pages
             assert g.memory.used_pages == sum(
                 g.memory.weight_pages(n) + g.memory.kv_pages(n) + g.memory.buffer_pages(n) for n in g.memory.models)
+            t, index, weights, live, cached, unused, free = g.sample(self.fleet.env.now)
+            assert index == g.index and weights == sum(g.memory.weight_pages(n) for n in g.memory.models) * PAGE_BYTES
+            assert free == g.memory.free_pages * PAGE_BYTES and live >= 0 and cached >= 0
+            mapped_kv = (g.memory.total_pages - g.memory.free_pages) * PAGE_BYTES - weights
+            assert live + cached <= mapped_kv * (1 + 1e-12)
+            assert unused == pytest.approx(mapped_kv - live - cached, abs=1e-3 * PAGE_BYTES)
             if copy.model.elastic and g in copy.gpus:  # the engine's KV fits what its pool maps for it
                 looks = [p.balloon(copy.model.name) for p in copy._pools]  # the balloon it keeps is the pools'
                 assert copy._balloon() == (max(e for e, _ in looks), min(r for _, r in looks))
