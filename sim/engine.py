@@ -340,7 +340,7 @@ class Engine:
         if plan.order is self.waiting:
             del self.waiting[:len(admitted)]
         else:
-            self.waiting = list(plan.order[len(admitted):])
+            self.waiting = plan.order[len(admitted):]  # a new list
         self.books.dispatched(admitted, ctx)
         return adder.batch
 
