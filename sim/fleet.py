@@ -38,7 +38,7 @@ host (no shared compute, no page pool), the same requests.csv byte for byte (tes
 
 Where the models share nothing (``dedicated``: each on GPUs of its own, nothing ever moves) and no client limit
 holds their requests together, each model runs on a clock of its own (:meth:`Fleet.parts`): the same records,
-summary and memory samples as on one clock (tests/test_fleet.py), at 1.3-1.4 times the models' single engines'
+summary and memory samples as on one clock (tests/test_fleet.py), at about 1.3 times the models' single engines'
 cost a request instead of 2.4 times it (benchmarks/bench_fleet.py: what is left is a memory sample's wake while a
 model is busy, and an arrival's event or two).
 """
