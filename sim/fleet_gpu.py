@@ -78,8 +78,8 @@ class Gpu:
         return self.memory.total_pages * PAGE_BYTES
 
     def sample(self, t: Any) -> tuple[Any, int, float, float, float, float, float]:
-        """Its memory at ``t`` (``Fleet.sample``'s row; the clock as SimPy has it: 0 at the start is an int):
-        bytes of weights, KV of running requests, cached prefixes, mapped but unused, free."""
+        """Its row of the fleet's memory samples at ``t`` (``Fleet._sampler``; the clock as SimPy has it, an int 0 at
+        the start): its index, bytes of weights, KV of running requests, cached prefixes, mapped but unused, free."""
         weights = live = cached = 0.0
         memory = self.memory
         for c in self.copies:
