@@ -227,8 +227,12 @@ def _fleet_spec(spec: RunSpec, fleet: FleetConfig, sharing_configs: dict[str, An
         raise UserError(str(e), "fleet.gpu") from None
     capacity = gpu.memory_bytes * fleet.utilization
     largest: dict[str, int] = {}  # each model's largest request, prompt and output: its KV must fit beside weights
+    names = {m.name for m in served}
     for r in spec.trace.requests:
         name = r.model or ONLY_MODEL
+        if name not in names:  # no model would serve it: the run could never finish
+            raise UserError(f"request {r.id} is for {'no model' if r.model is None else repr(r.model)}; the trace "
+                            f"serves {', '.join(sorted(repr(n) for n in names))}", spec.trace_source or "trace")
         largest[name] = max(largest.get(name, 0), r.prompt_len + r.output_len)
     for i, m in enumerate(served):
         if m.tp > gpu.gpus_per_node:

@@ -498,6 +498,8 @@ class Fleet:
             part.replay.client = Client(part.env, part, [requests[i] for i in mine], times=part_times(sent, mine))
             out.append(part)
             held.update(a.gpus)
+        if sum(len(p.replay.client.requests) for p in out) != len(requests):  # a request no part would send
+            raise RuntimeError("a fleet's parts do not send every request of its trace")
         idle = [g.index for g in self.gpus if g.index not in held]
         if idle:
             part = Fleet(replace(spec, served_models=()), Replay(spec, False, None, False), gpus=idle)

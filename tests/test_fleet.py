@@ -138,6 +138,21 @@ def test_the_multimodel_trace_on_dedicated_gpus_runs_apart_as_on_one_clock():
     assert apart == together and apart[0].count(b"\n") == 401 and apart[3]
 
 
+@pytest.mark.parametrize("model", [None, "m9"])
+def test_a_request_for_no_model_of_the_fleet_is_refused_before_the_run(model):
+    """A request whose model the trace does not serve (none named in a multi-model trace, or another) is refused
+    with the request and the models; it used to fail mid-run (a KeyError on one clock) or, with the models run
+    apart, never to be sent (a run waiting for it for ever)."""
+    from prism.errors import UserError
+
+    specs = [(0.1 * i, f"m{i % 2}", 500, 20) for i in range(6)]
+    specs[3] = (0.3, model, 500, 20)
+    trace = multi_trace(specs, [("m0", "llama-3.2-1b"), ("m1", "qwen2.5-0.5b")])
+    with pytest.raises(UserError, match=rf"request 3 is for {'no model' if model is None else repr(model)}; the "
+                                        r"trace serves 'm0', 'm1'"):
+        fleet_run(trace, "dedicated", 2)
+
+
 def test_models_held_together_by_a_client_limit_or_an_observer_share_one_clock():
     """A client limit makes one model's requests wait for another's to finish, and an observer sees every engine
     in time order: such a fleet runs on one clock."""
