@@ -197,11 +197,12 @@ def test_the_fast_drawing_of_a_plain_request_writes_what_the_step_by_step_one_do
     before = "front end" if front else "client"
     texts = []
     for draw in (_draw_simple, None):
-        w = TimelineWriter(Path(tempfile.mkdtemp()) / "t.json")
-        if draw is None:
-            _draw_track(w, 1, 7, before, *times, 100, 28, 32, [])
-        else:
-            draw(w, 1, 7, before, *times, 100, 28)
-        texts.append(w._buf)
-        w.abort()
+        with tempfile.TemporaryDirectory() as d:  # not left behind: 200 examples, two folders each
+            w = TimelineWriter(Path(d) / "t.json")
+            if draw is None:
+                _draw_track(w, 1, 7, before, *times, 100, 28, 32, [])
+            else:
+                draw(w, 1, 7, before, *times, 100, 28)
+            texts.append(w._buf)
+            w.abort()
     assert ",\n".join(texts[0]) == ",\n".join(texts[1])
