@@ -9,7 +9,7 @@ import simpy
 
 from prism.core import Request
 
-from prism.sim.clock import Ticker, due_at
+from prism.sim.clock import Ticker, due_at, now_of
 from prism.sim.engine import Seq
 
 
@@ -69,12 +69,12 @@ class Client:
     def _replay(self, times: Iterable[tuple[float, float]] | None):
         env = self.env
         if times is None:  # the whole replay: it turns to each request as it sends the one before
-            start = env.now
+            start = now_of(env)
             times = ((start, t) for t in send_times(self.requests, start))
         for i, (turn, t) in enumerate(times):
-            if turn > env.now:
+            if turn > now_of(env):
                 yield due_at(env, turn)
-            if t > env.now:
+            if t > now_of(env):
                 yield due_at(env, t)  # where a timeout of the gap would be due: at t itself
             self._arrive(i)
 

@@ -46,6 +46,13 @@ def _time_of(entry: tuple) -> float:
     return entry[0]
 
 
+def now_of(env: simpy.Environment) -> Any:
+    """``env.now``, read as the attribute it returns: from compiled code the property is a call into interpreted
+    SimPy (about 385 instructions against 206), and a fleet's engines and hosts read the clock 780,000 times a run.
+    The value as SimPy holds it (an int 0 at the start, which records and samples keep)."""
+    return env._now
+
+
 def due_at(env: simpy.Environment, t: float) -> simpy.Event:
     """An event due at time ``t`` itself, where a timeout would be due at now plus the gap (which may differ from
     ``t`` in the last bit): scheduled as ``Environment.schedule`` schedules a timeout, with ``t`` as its time."""

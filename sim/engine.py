@@ -47,7 +47,7 @@ from prism.policies.bookkeeping import Bookkeeper
 from prism.settings import EngineConfig  # the engine's limits, named after SGLang's server arguments
 
 from prism.sim.admission import RULES, PrefillAdder
-from prism.sim.clock import Ticker
+from prism.sim.clock import Ticker, now_of
 from prism.sim.events import EngineEvents
 from prism.sim.radix_cache import RadixCache
 
@@ -159,7 +159,7 @@ class Engine:
     def submit(self, seq: Seq) -> None:
         """A request reaches the engine: schedulers see this time as its arrival (FIFO order is the order
         requests reach the engine, as in SGLang's waiting queue)."""
-        seq.sent = seq.arrival = self.env.now
+        seq.sent = seq.arrival = now_of(self.env)
         self.waiting.append(seq)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -180,7 +180,7 @@ class Engine:
             batch = self._prefill_batch() if ((self.waiting and not self.batch_is_full) or self.chunked) else None
             if batch:
                 extra = host.settle(self) if host is not None else 0.0
-                start = env.now
+                start = now_of(env)
                 for seq, _, _ in batch:
                     if seq.prefill_start < 0:
                         seq.prefill_start = start
@@ -192,7 +192,7 @@ class Engine:
                 self.counters[PREFILL_ITERATIONS] += 1
                 sampled = self._end_prefill(batch)
                 if sampled and self.on_tokens is not None:
-                    self.on_tokens(env.now, sampled)
+                    self.on_tokens(now_of(env), sampled)
                 if ev is not None:
                     ev.prefill_ended(self, batch)
                 if host is not None:
@@ -222,7 +222,7 @@ class Engine:
                 self.step += 1
                 self.sum_ctx += n
                 if self.on_tokens is not None:
-                    self.on_tokens(env.now, n)
+                    self.on_tokens(now_of(env), n)
                 if ev is not None:
                     ev.decode_ended(self, n)
                 while self.decoding and self.decoding[0][0] <= self.step:
@@ -307,13 +307,13 @@ class Engine:
             self.batch_is_full = True
             return adder.batch
         adder.offset += self.rule.running_offset(self)
-        ctx = SchedContext(self.env.now, self.cache, tuple(self.active.values()), self.hints,
+        ctx = SchedContext(now_of(self.env), self.cache, tuple(self.active.values()), self.hints,
                            batch_hint=cfg.max_running_requests - len(self.active),
                            token_budget=min(adder.chunk, adder.input))
         plan = self.scheduler.plan(self.waiting, ctx)
         self.counters[SCHEDULING_ROUNDS] += 1
         admitted: list[Seq] = []
-        now = self.env.now
+        now = now_of(self.env)
         for seq in plan.order:
             if len(self.active) >= cfg.max_running_requests:
                 self.batch_is_full = True
@@ -388,7 +388,7 @@ class Engine:
     def _end_prefill(self, batch: list[tuple[Seq, int, int]]) -> int:
         """The batch's chunks are in the tree; a request whose prompt is done samples its token. Returns how many
         did."""
-        now = self.env.now
+        now = now_of(self.env)
         sampled = 0
         for seq, take, _ in batch:
             tail = seq.kv_len - seq.node.depth  # computed before this chunk, not in the tree
@@ -415,7 +415,7 @@ class Engine:
 
     # ------------------------------------------------------------------ finish
     def _finish(self, seq: Seq) -> None:
-        now = self.env.now
+        now = now_of(self.env)
         generated = seq.output_len - 1  # the last token's KV is never computed
         if generated:
             full = seq.key + output_token_bytes(generated)

@@ -15,8 +15,10 @@ from simpy.events import PENDING
 
 from prism.calibration.loading import PAGE_BYTES
 from prism.policies.moore_hodgson import DeadlineQueue, prefill_seconds
+from prism.policies.placement import TokenRate
 from prism.policies.sharing import LOADING
 
+from prism.sim.clock import now_of
 from prism.sim.engine import Engine, Seq
 from prism.sim.instance import Instance
 from prism.sim.memory import GpuMemory, MemoryFull
@@ -122,6 +124,7 @@ class Copy:
 
     def __init__(self, fleet: "Fleet", model: "ModelServer", gpus: list[Gpu]) -> None:
         self.fleet, self.model, self.gpus = fleet, model, gpus
+        self.env: simpy.Environment = fleet.env
         self.kv_bytes: float = model.kv_bytes_per_token / model.tp  # a KV token's bytes on each of its GPUs
         self.state = LOADING
         self.instance: Instance | None = None
@@ -131,6 +134,9 @@ class Copy:
         self._held: list[ComputeSlot] = []  # the compute slots it holds (or waits for)
         # fixed for its life, asked at every iteration
         self.elastic, self._deadline = model.elastic, fleet.scheme.queue == "deadline"
+        self._name: str = model.name
+        self._tpot_slo_s: float = model.tpot_slo_s
+        self._rate: TokenRate | None = model.rate  # the tokens it adds to its KV, where its scheme reads them
         self.gpu_label = "+".join(str(g.index) for g in gpus)
         # the compute slots of the GPUs it shares, in index order (see _acquire_all)
         self._slots = [g.slot for g in sorted(gpus, key=lambda g: g.index) if g.slot is not None]
@@ -161,8 +167,8 @@ class Copy:
     def _urgency(self, engine: Engine) -> float:
         """The slot's priority behind a deadline queue (lower first; without one, 0 for all: first come first
         served): the engine's earliest on-time TTFT deadline for a prefill, now + TPOT SLO for a decode step."""
-        now = self.fleet.env.now
-        decode = now + self.model.tpot_slo_s if engine.decoding else math.inf
+        now: float = now_of(self.env)
+        decode = now + self._tpot_slo_s if engine.decoding else math.inf
         if engine.waiting and not engine.batch_is_full:
             return min(decode, self.gpus[0].queue.first_deadline([s.id for s in engine.waiting], now))
         return decode if engine.decoding else now
@@ -200,7 +206,7 @@ class Copy:
         """Its pools' tightest (excess, reach) (:meth:`GpuMemory.balloon`): the most any asks it to free, the
         least any lets it hold; asked again only when a pool has changed since (``GpuMemory.changes``). A copy on
         one GPU asks its pool alone: the lists for several cost 8% of a shared fleet's run (``bench_fleet.py``)."""
-        name, pools = self.model.name, self._pools
+        name, pools = self._name, self._pools
         if len(pools) == 1:
             m = pools[0]
             if self._looked[0] != m.changes:
@@ -218,7 +224,7 @@ class Copy:
         from the pre-mapped buffer costs nothing)."""
         if not self.elastic:
             return 0.0
-        name, cached, used = self.model.name, engine.cache.evictable_size, kv_used(engine)
+        name, cached, used = self._name, engine.cache.evictable_size, kv_used(engine)
         # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
         # (min/max only when it owes something: on this per-iteration path the builtins' calls, with refresh's and
         # the new-token ratio's, were 8% of a shared fleet's process, callgrind)
@@ -251,7 +257,7 @@ class Copy:
 
     # ---------------------------------------------------------------- traffic
     def submit(self, seq: Seq) -> None:
-        if self.fleet.scheme.queue == "deadline":
+        if self._deadline:
             m = self.model
             self.gpus[0].queue.add(seq.id, seq.req.arrival + m.ttft_slo_s,
                                    prefill_seconds(seq.prompt_len, m.prefill_speed))
@@ -263,8 +269,8 @@ class Copy:
         q = self.gpus[0].queue
         if seq.id in q:
             q.remove(seq.id)
-        if self.model.rate is not None:
-            self.model.rate.add(self.fleet.env.now, seq.fill_len - seq.kv_len)
+        if self._rate is not None:
+            self._rate.add(now_of(self.env), seq.fill_len - seq.kv_len)
 
     def idle(self) -> bool:
         e, instance = self.engine, self.instance

@@ -49,6 +49,16 @@ def test_the_clock_moves_on_only_when_no_event_is_due_by_then():
     assert elapse(0.0) is wait and env.now == 1.75  # the same event, scheduled again
 
 
+@pytest.mark.parametrize("start", [0, 2.5])
+def test_now_of_is_simpys_clock_itself(start):
+    """``now_of`` (the clock as compiled code reads it) is ``env.now``'s very object: SimPy's int 0 at the start
+    stays an int (records and memory samples write it so), and it follows the clock."""
+    env = simpy.Environment(initial_time=start)
+    assert clock_module.now_of(env) is env.now
+    env.run(until=start + 1.25)
+    assert clock_module.now_of(env) is env.now and clock_module.now_of(env) == start + 1.25
+
+
 def test_a_wait_scheduled_again_while_a_process_waits_on_it_is_an_error():
     """The reused event is safe only once SimPy has processed its last use (an interrupted wait would leave it on the
     heap, to wake the engine early): asked again before that, it refuses."""
