@@ -62,7 +62,7 @@ class Client:
         self.process: simpy.Process | None = None
         if clock is not None:
             assert times is None, "a fed clock sends a whole replay"
-            clock.feed(send_times(requests, env.now), self._arrive)
+            clock.feed(send_times(requests, now_of(env)), self._arrive)
         else:
             self.process = env.process(self._replay(times))
 

@@ -85,7 +85,7 @@ class Gpu:
         weights = live = cached = 0.0
         memory = self.memory
         for c in self.copies:
-            name = c.model.name
+            name = c.name
             if name not in memory:
                 continue  # its weights wait for pages
             weights += memory.weight_pages(name) * PAGE_BYTES
@@ -104,7 +104,7 @@ class Gpu:
 
     @property
     def resident(self) -> tuple[str, ...]:
-        return tuple(c.model.name for c in self.copies)
+        return tuple(c.name for c in self.copies)
 
     def changed(self) -> simpy.Event:
         """An event that fires when pages free on this GPU (a model shrinks, drains or leaves)."""
@@ -134,7 +134,7 @@ class Copy:
         self._held: list[ComputeSlot] = []  # the compute slots it holds (or waits for)
         # fixed for its life, asked at every iteration
         self.elastic, self._deadline = model.elastic, fleet.scheme.queue == "deadline"
-        self._name: str = model.name
+        self.name: str = model.name  # its model's
         self._tpot_slo_s: float = model.tpot_slo_s
         self._rate: TokenRate | None = model.rate  # the tokens it adds to its KV, where its scheme reads them
         self.gpu_label = "+".join(str(g.index) for g in gpus)
@@ -206,7 +206,7 @@ class Copy:
         """Its pools' tightest (excess, reach) (:meth:`GpuMemory.balloon`): the most any asks it to free, the
         least any lets it hold; asked again only when a pool has changed since (``GpuMemory.changes``). A copy on
         one GPU asks its pool alone: the lists for several cost 8% of a shared fleet's run (``bench_fleet.py``)."""
-        name, pools = self._name, self._pools
+        name, pools = self.name, self._pools
         if len(pools) == 1:
             m = pools[0]
             if self._looked[0] != m.changes:
@@ -224,7 +224,7 @@ class Copy:
         from the pre-mapped buffer costs nothing)."""
         if not self.elastic:
             return 0.0
-        name, cached, used = self._name, engine.cache.evictable_size, kv_used(engine)
+        name, cached, used = self.name, engine.cache.evictable_size, kv_used(engine)
         # what it owes is reserved up to its capacity: admission counted cached prefixes it may evict for it
         # (min/max only when it owes something: on this per-iteration path the builtins' calls, with refresh's and
         # the new-token ratio's, were 8% of a shared fleet's process, callgrind)

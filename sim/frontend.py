@@ -29,6 +29,7 @@ from prism.counters import Counts
 from prism.policies.base import DemandHints, PrefixIndex, SchedContext, Scheduler
 from prism.policies.bookkeeping import Backlog, release_window
 
+from prism.sim.clock import now_of
 from prism.sim.engine import Seq
 
 
@@ -100,7 +101,7 @@ class FrontEnd:
 
     def _context(self, batch_hint: int) -> SchedContext:
         eng = self.engine
-        return SchedContext(self.env.now, eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=batch_hint)
+        return SchedContext(now_of(self.env), eng.cache, tuple(eng.active.values()), eng.hints, batch_hint=batch_hint)
 
     def _release(self) -> None:
         if self.backlog is not None:
