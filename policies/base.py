@@ -308,6 +308,8 @@ class EvictionPolicy(Policy):
         """Called when the engine admits a request (an offline oracle tracks the future with it)."""
 
     def key(self, node: NodeView) -> tuple:
+        """The node's eviction key: smaller goes first (ties: the older node). Two keys either differ before the
+        shorter one ends or have the same length (a cache may lay a key's items out flat in its heap entries)."""
         raise NotImplementedError
 
     def lowered_keys(self) -> Collection[str] | None:

@@ -276,7 +276,7 @@ class RadixCache(PrefixTree):
             if parent is not root and not parent.children:  # the parent is a leaf now
                 self._add_leaf(parent)
                 if parent.lock_ref == 0:  # a candidate now: often the next to go
-                    heapq.heappush(heap, (key(parent), parent.created, next(tick), parent))
+                    heapq.heappush(heap, _entry(key(parent), parent, next(tick)))
             if freed >= num_tokens:
                 break
             node = self._pop(key)
@@ -288,7 +288,7 @@ class RadixCache(PrefixTree):
         """The candidate heap, brought up to this pass (see ``evict``)."""
         tick, heap, fresh, lowered = self._tick, self._heap, self._fresh, self._lowered
         if lowered is None or len(heap) > 2 * len(self._leaves) + 64:
-            heap = self._heap = [(key(n), n.created, next(tick), n) for n in self._leaves if n.lock_ref == 0]
+            heap = self._heap = [_entry(key(n), n, next(tick)) for n in self._leaves if n.lock_ref == 0]
             heapq.heapify(heap)
         else:
             if lowered:
@@ -296,7 +296,7 @@ class RadixCache(PrefixTree):
                 fresh += [n for seg in lowered for n in leaves_of.get(seg, ())]
             for n in fresh:
                 if n.lock_ref == 0 and not n.children and n.parent is not None:
-                    heapq.heappush(heap, (key(n), n.created, next(tick), n))
+                    heapq.heappush(heap, _entry(key(n), n, next(tick)))
         fresh.clear()
         if lowered is None or lowered:
             self._lowered = set()
@@ -306,16 +306,17 @@ class RadixCache(PrefixTree):
         """The candidate with the smallest (key, serial), off the heap; None when there is none."""
         heap, tick, start = self._heap, self._tick, self._pass_start
         while heap:
-            k, serial, pushed, node = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            node, pushed = entry[-1], entry[-2]
             if node.lock_ref or node.children or node.parent is None:
                 continue  # locked, an inner node or evicted now: it is pushed again when it is a candidate
             if pushed > start:  # keyed in this pass: nothing has touched it since
                 return node
             now = key(node)
-            if now == k:
+            if now == entry[:-3]:
                 return node
-            assert now > k, "an eviction key fell without being reported (EvictionPolicy.lowered_keys)"
-            heapq.heappush(heap, (now, serial, next(tick), node))  # its key grew since it was pushed
+            assert now > entry[:-3], "an eviction key fell without being reported (EvictionPolicy.lowered_keys)"
+            heapq.heappush(heap, _entry(now, node, next(tick)))  # its key grew since it was pushed
         return None
 
     # ---------------------------------------------------------------- inspection
@@ -362,3 +363,10 @@ class RadixCache(PrefixTree):
         if self.capacity is not None:
             assert self.size <= self.capacity
 
+
+def _entry(key: tuple, node: Node, tick: int) -> tuple:
+    """A candidate's heap entry: its key's items, its creation serial, when it was pushed, the node. Flat, where
+    (key, created, tick, node) compared each key tuple twice per step (equal? then less?); an eviction policy's
+    keys of one kind, compared in one heap, either differ before the shorter ends or have the same length
+    (``EvictionPolicy.key``), so the flat entries sort as the nested ones."""
+    return (*key, node.created, tick, node)

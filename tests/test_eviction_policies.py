@@ -216,3 +216,28 @@ def test_incremental_eviction_matches_a_full_sort_every_pass(seed, capacity, pag
         runs.append((evicted.created, res.records))
     assert runs[0][0], "no eviction: the case tests nothing"
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("scheduler,eviction", [("fcfs", "lru"), ("fcfs", "lfu"), ("fcfs", "lru_active"),
+                                                ("qas", "dart"), ("fcfs", "dart"), ("qas", "belady")])
+def test_keys_of_one_policy_differ_before_the_shorter_ends(scheduler, eviction):
+    """``EvictionPolicy.key``'s contract, on which the cache's flat heap entries (key items, created, tick, node)
+    sort as (key, created) would: two keys a run compares either differ before the shorter one ends or have the
+    same length. Every key each registered policy gives in a run under eviction, pairwise by distinct form."""
+    from prism.policies.registry import EVICTIONS, policy_class
+    from prism.traces.spec import load_trace
+
+    cls = policy_class(EVICTIONS, eviction)
+    keys: set[tuple] = set()
+    key = cls.key
+    trace = load_trace("zipf", {"num_requests": 200, "seed": 3, "qps": 40})
+    spec = RunSpec.build(trace, scheduler, eviction, engine=EngineConfig(max_total_tokens=6000),
+                         profile=load_profile())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cls, "key", lambda self, node: (k := key(self, node), keys.add(k))[0])
+        res = simulate(spec)
+    assert res.counters["evicted_nodes"] > 0 and len({len(k) for k in keys}) >= 1
+    for a in keys:
+        for b in keys:
+            if len(a) < len(b):
+                assert a != b[:len(a)], (a, b)
