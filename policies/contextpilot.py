@@ -47,6 +47,7 @@ from prism.counters import CONTEXTPILOT_EVICTED, CONTEXTPILOT_REORDERED, CONTEXT
 
 from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
 from prism.policies.context_tree import ContextIndex, Node
+from prism.policies.expected_queue import ExpectedQueue
 from prism.policies.fcfs import FCFS
 from prism.policies.lpm import LPM
 
@@ -118,12 +119,14 @@ class ContextPilot(Scheduler):
         self._sent: dict[int, _Sent] = {}  # waiting request id -> as sent
         self.align: dict[int, tuple[str, ...]] = {}  # waiting request id -> its new document order (moved ones)
         self._kept = 0  # requests remembered as sent after the last prune
+        self._queue = ExpectedQueue()  # the queue of the last round, less what the engine took: all indexed
         self.reordered = 0
 
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if not self.config.reorder:
             return self.engine.plan(waiting, ctx)
-        new = [r for r in waiting if r.id not in self._seen]
+        joined = self._queue.joined(waiting)  # past the knee a round's queue is thousands, its new requests a few
+        new = [r for r in (waiting if joined is None else joined) if r.id not in self._seen]
         if new:
             alive = self._alive(waiting, ctx)
             if len(self._seen) > 2 * self._kept + self.PRUNE_SLACK:  # each leaf is a request it has seen
@@ -133,10 +136,14 @@ class ContextPilot(Scheduler):
         if self.engine.keeps_order(len(waiting)):
             # FCFS, or LPM past its threshold or on one request, reads no prompt: the queue itself, whose admitted
             # head an engine then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
-            return Plan(waiting if isinstance(waiting, list) else list(waiting), self.align)
+            order = waiting if isinstance(waiting, list) else list(waiting)
+            self._queue.expect(list(order))  # a copy: the engine drops the admitted head of ``order`` in place
+            return Plan(order, self.align)
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r)) for r in waiting]  # a retracted one
-        return Plan([s.request for s in self.engine.plan(as_sent, ctx).order], self.align)
+        order = [s.request for s in self.engine.plan(as_sent, ctx).order]
+        self._queue.expect(order)
+        return Plan(order, self.align)
 
     def _prune(self, waiting: Sequence[WaitingRequest], alive) -> None:
         """Drop the dead leaves, and forget the requests that can no longer come back to the queue: those neither
@@ -182,6 +189,7 @@ class ContextPilot(Scheduler):
         return alive
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
+        self._queue.dispatched(admitted)
         for r in admitted:
             sent = self._sent.pop(r.id, None)
             if sent is not None:

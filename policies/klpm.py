@@ -27,6 +27,7 @@ from typing import Sequence
 from prism.config import positive
 
 from prism.policies.base import Part, Plan, SchedContext, Scheduler, WaitingRequest
+from prism.policies.expected_queue import ExpectedQueue
 from prism.policies.match_memo import MatchMemo
 
 
@@ -128,7 +129,7 @@ class KLPM(Scheduler):
             if self._enough(need, ctx):
                 break
         order = picks + ranked.fifo_without(picks)
-        ranked.expect(order)
+        ranked.queue.expect(order)
         return Plan(order, lanes=dict.fromkeys(cold, "cold"))
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
@@ -148,7 +149,7 @@ class _Ranked:
         self._by_hit: dict[int, list[tuple]] = {}  # match length -> (arrival, id) keys of its requests, sorted
         self._levels: list[int] = []  # the match lengths present, ascending
         self._request: dict[int, WaitingRequest] = {}
-        self._expected: list = []  # the waiting queue expected at the next round, before arrivals
+        self.queue = ExpectedQueue()  # the waiting queue expected at the next round, before arrivals
         self._add(waiting)
 
     def __len__(self) -> int:
@@ -157,11 +158,10 @@ class _Ranked:
     # ---------------------------------------------------------------- membership
     def sync(self, waiting: Sequence[WaitingRequest]) -> bool:
         """Take the round's waiting queue: False (rebuild) unless it starts with the expected one."""
-        expected = self._expected
-        m = len(expected)
-        if len(waiting) < m or waiting[:m] != expected:
+        joined = self.queue.joined(waiting)
+        if joined is None:
             return False
-        self._add(waiting[m:])
+        self._add(joined)
         return True
 
     def _add(self, requests: Sequence[WaitingRequest]) -> None:
@@ -194,18 +194,10 @@ class _Ranked:
         cut.sort()
         self._fifo_keys, self._fifo = _without(self._fifo_keys, cut), _without(self._fifo, cut)
 
-    def expect(self, order: list) -> None:
-        """The plan handed the engine ``order``; until its dispatch says what it took, it is the queue."""
-        self._expected = order
-
     def dispatched(self, admitted: Sequence[WaitingRequest]) -> None:
         """The engine took ``admitted``, the head of the expected order (else the next round rebuilds)."""
-        n = len(admitted)
-        if list(admitted) != self._expected[:n]:
-            self._expected = [None]  # matches no queue: the next round rebuilds
-            return
-        self._remove_all([r.id for r in admitted])
-        self._expected = self._expected[n:]
+        if self.queue.dispatched(admitted):
+            self._remove_all([r.id for r in admitted])
 
     def close(self) -> None:
         self.memo.close()
