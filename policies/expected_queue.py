@@ -1,7 +1,8 @@
 """The waiting queue a scheduler expects at its next round, so that a round reads only what joined it since.
 
-An engine admits the head of the order a round hands it and keeps the rest in that order (SGLang's waiting queue
-after ``get_next_batch_to_run``; ``sim/engine.py``); arrivals and retracted requests join at the back. So the
+An engine admits the head of the order a round hands it and keeps the rest in that order (SGLang 0.5.23's
+``Scheduler._get_new_batch_prefill_raw``, ``managers/scheduler.py:4319``, filters the admitted out of its sorted
+queue; ``sim/engine.py``); arrivals and retracted requests join at the back. So the
 next round's queue starts with the last order less its admitted head, and a scheduler that keeps state per
 request (k-LPM's ranks, ContextPilot's index) has only the rest to take in. Whether that holds is checked, not
 assumed: the queue must start with the expected requests themselves (a list comparison in C, by identity first),

@@ -79,7 +79,7 @@ class RadixCache(PrefixTree):
         self._leaves: set[Node] = set()
         self.resident = ResidentSegments()  # sys / reusable segment id -> resident nodes it owns
         self._leaves_of: dict[str, set[Node]] = {}  # sys / reusable segment id -> its leaves (to re-key them)
-        # eviction candidates between passes (see ``evict``): a heap of (key, serial, tick, node) entries, the
+        # eviction candidates between passes (see ``evict``): a heap of (*key, serial, tick, node) entries, the
         # key function it was built with, nodes that may have become candidates since the last pass, and the
         # segments whose keys fell (None: rebuild the heap at the next pass)
         self._heap: list[tuple] = []
