@@ -128,7 +128,7 @@ class KLPM(Scheduler):
             need += r.prompt_len - hits[r.id]
             if self._enough(need, ctx):
                 break
-        order = picks + ranked.fifo_without(picks)
+        order = ranked.picks_then_fifo(picks)
         ranked.queue.expect(order)
         return Plan(order, lanes=dict.fromkeys(cold, "cold"))
 
@@ -238,15 +238,16 @@ class _Ranked:
             for _, rid in self._by_hit[hit]:
                 yield request[rid]
 
-    def fifo_without(self, picks: list) -> list:
-        """The requests in FIFO order but ``picks``."""
+    def picks_then_fifo(self, picks: list) -> list:
+        """``picks``, then the other requests in FIFO order: one list made once (each copy of the queue touches
+        every request, a first-level cache miss each: docs/benchmarks.md, eighth pass)."""
         keys = self._fifo_keys
-        return _without(self._fifo, sorted([bisect_left(keys, (r.arrival, r.id)) for r in picks]))
+        return _without(self._fifo, sorted([bisect_left(keys, (r.arrival, r.id)) for r in picks]), head=picks)
 
 
-def _without(items: list, cut: list[int]) -> list:
-    """A copy of ``items`` without the items at the positions ``cut`` (ascending)."""
-    out, start = [], 0
+def _without(items: list, cut: list[int], head: Sequence = ()) -> list:
+    """``head``, then ``items`` without the items at the positions ``cut`` (ascending)."""
+    out, start = list(head), 0
     for i in cut:
         out += items[start:i]
         start = i + 1

@@ -266,9 +266,10 @@ class Copy:
         instance.entry.submit(seq)
 
     def admitted(self, seq: Seq) -> None:
-        q = self.gpus[0].queue
-        if seq.id in q:
-            q.remove(seq.id)
+        if self._deadline:  # only then did submit queue it
+            q = self.gpus[0].queue
+            if seq.id in q:
+                q.remove(seq.id)
         if self._rate is not None:
             self._rate.add(now_of(self.env), seq.fill_len - seq.kv_len)
 

@@ -312,10 +312,10 @@ class RadixCache(PrefixTree):
                 continue  # locked, an inner node or evicted now: it is pushed again when it is a candidate
             if pushed > start:  # keyed in this pass: nothing has touched it since
                 return node
-            now = key(node)
-            if now == entry[:-3]:
+            now, was = key(node), entry[:-3]
+            if now == was:
                 return node
-            assert now > entry[:-3], "an eviction key fell without being reported (EvictionPolicy.lowered_keys)"
+            assert now > was, "an eviction key fell without being reported (EvictionPolicy.lowered_keys)"
             heapq.heappush(heap, _entry(now, node, next(tick)))  # its key grew since it was pushed
         return None
 
