@@ -222,6 +222,10 @@ class SchedContext:
     # the new tokens the engine can prefill this round (0: unknown): its admission stops once the requests it
     # took have used them up, each taking at least its uncached tokens
     token_budget: int = 0
+    # how many requests at the head of the waiting queue are the last round's order less the head the engine
+    # admitted, as the engine kept them (arrivals and retracted requests join after them); None: the engine does
+    # not say (``policies/expected_queue.py``)
+    kept: int | None = None
 
 
 #: the lane of a request its plan does not label (requests.csv's ``lane``; the engine counts

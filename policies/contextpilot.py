@@ -125,7 +125,7 @@ class ContextPilot(Scheduler):
     def plan(self, waiting: Sequence[WaitingRequest], ctx: SchedContext) -> Plan:
         if not self.config.reorder:
             return self.engine.plan(waiting, ctx)
-        joined = self._queue.joined(waiting)  # past the knee a round's queue is thousands, its new requests a few
+        joined = self._queue.joined(waiting, ctx.kept)  # past the knee: a queue of thousands, a few new
         new = [r for r in (waiting if joined is None else joined) if r.id not in self._seen]
         if new:
             alive = self._alive(waiting, ctx)
@@ -137,7 +137,7 @@ class ContextPilot(Scheduler):
             # FCFS, or LPM past its threshold or on one request, reads no prompt: the queue itself, whose admitted
             # head an engine then drops in place, instead of a copy of the backlog as sent (3% of a zipf run of 20,480)
             order = waiting if isinstance(waiting, list) else list(waiting)
-            self._queue.expect(list(order))  # a copy: the engine drops the admitted head of ``order`` in place
+            self._queue.expect(order)
             return Plan(order, self.align)
         sent = self._sent
         as_sent = [sent.get(r.id) or sent.setdefault(r.id, _Sent(r)) for r in waiting]  # a retracted one
@@ -189,7 +189,7 @@ class ContextPilot(Scheduler):
         return alive
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
-        self._queue.dispatched(admitted)
+        self._queue.dispatched(admitted, ctx.kept)
         for r in admitted:
             sent = self._sent.pop(r.id, None)
             if sent is not None:

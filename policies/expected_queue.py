@@ -4,9 +4,12 @@ An engine admits the head of the order a round hands it and keeps the rest in th
 ``Scheduler._get_new_batch_prefill_raw``, ``managers/scheduler.py:4319``, filters the admitted out of its sorted
 queue; ``sim/engine.py``); arrivals and retracted requests join at the back. So the
 next round's queue starts with the last order less its admitted head, and a scheduler that keeps state per
-request (k-LPM's ranks, ContextPilot's index) has only the rest to take in. Whether that holds is checked, not
-assumed: the queue must start with the expected requests themselves (a list comparison in C, by identity first),
-else the scheduler takes the whole queue in afresh.
+request (k-LPM's ranks, ContextPilot's index) has only the rest to take in. Whether that holds is known or
+checked, never assumed: an engine that keeps its queue itself says how many requests it kept
+(``SchedContext.kept``: the simulated engine); for any other (the live plugin, whose views of SGLang's queue are
+a new list each round) the queue must start with the expected requests themselves (a list comparison in C, by
+identity first), else the scheduler takes the whole queue in afresh. The known count spares two copies of the
+queue a round, and each copy touches every request (docs/benchmarks.md, ninth pass).
 """
 
 from __future__ import annotations
@@ -16,33 +19,38 @@ from typing import Sequence
 
 class ExpectedQueue:
     """The queue expected at the next round: ``expect`` the order handed to the engine, ``dispatched`` its admitted
-    head, then ``joined`` tells what came after it."""
+    head, then ``joined`` tells what came after it. ``kept`` is the round's ``SchedContext.kept``."""
 
-    __slots__ = ("_expected",)
+    __slots__ = ("_order", "_len", "_taken")
 
     def __init__(self) -> None:
-        self._expected: list | None = []  # None: not known (the next round takes the whole queue)
+        self._order: list | None = []  # the last order handed to the engine (None: not known)
+        self._len = 0  # its length when handed
+        self._taken = 0  # its head the engine admitted
 
     def expect(self, order: list) -> None:
-        """A round handed the engine ``order`` (a list the engine does not change: a copy where the engine may
-        drop its admitted head in place)."""
-        self._expected = order
+        """A round handed the engine ``order`` (the list itself, not a copy: an engine that does not report what
+        it kept leaves it as it is; one that does may drop its admitted head in place)."""
+        self._order, self._len, self._taken = order, len(order), 0
 
-    def dispatched(self, admitted: Sequence) -> bool:
-        """The engine took ``admitted``: whether it was the expected order's head (else nothing is expected)."""
-        expected, n = self._expected, len(admitted)
-        if expected is None or list(admitted) != expected[:n]:
-            self._expected = None
+    def dispatched(self, admitted: Sequence, kept: int | None) -> bool:
+        """The engine took ``admitted``: whether it was the expected order's head (else nothing is expected). An
+        engine that reports what it kept admits the head by construction."""
+        order, n = self._order, len(admitted)
+        if order is None or (kept is None and list(admitted) != order[self._taken:self._taken + n]):
+            self._order = None
             return False
-        self._expected = expected[n:]
+        self._taken += n
         return True
 
-    def joined(self, waiting: Sequence) -> Sequence | None:
+    def joined(self, waiting: Sequence, kept: int | None) -> Sequence | None:
         """The requests after the expected ones in this round's queue, or None if it does not start with them."""
-        expected = self._expected
-        if expected is None:
+        order = self._order
+        if order is None:
             return None
-        m = len(expected)
-        if len(waiting) < m or waiting[:m] != expected:  # a queue not a list is never equal: taken afresh
+        m = self._len - self._taken
+        if kept is not None:  # the engine says how many it kept
+            return waiting[m:] if kept == m else None
+        if len(waiting) < m or waiting[:m] != order[self._taken:]:  # a queue not a list is never equal: afresh
             return None
         return waiting[m:]

@@ -107,7 +107,7 @@ class KLPM(Scheduler):
         if not getattr(ctx.cache, "logs_changes", False):
             return self.plan_reference(waiting, ctx)
         ranked = self._ranked
-        if ranked is None or ranked.memo.index is not ctx.cache or not ranked.sync(waiting):
+        if ranked is None or ranked.memo.index is not ctx.cache or not ranked.sync(waiting, ctx.kept):
             if ranked is not None:
                 ranked.close()
             ranked = self._ranked = _Ranked(ctx.cache, waiting)
@@ -135,7 +135,7 @@ class KLPM(Scheduler):
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         self.admitted += len(admitted)
         if self._ranked is not None:
-            self._ranked.dispatched(admitted)
+            self._ranked.dispatched(admitted, ctx.kept)
 
 
 class _Ranked:
@@ -156,9 +156,9 @@ class _Ranked:
         return len(self._fifo)
 
     # ---------------------------------------------------------------- membership
-    def sync(self, waiting: Sequence[WaitingRequest]) -> bool:
+    def sync(self, waiting: Sequence[WaitingRequest], kept: int | None) -> bool:
         """Take the round's waiting queue: False (rebuild) unless it starts with the expected one."""
-        joined = self.queue.joined(waiting)
+        joined = self.queue.joined(waiting, kept)
         if joined is None:
             return False
         self._add(joined)
@@ -194,9 +194,9 @@ class _Ranked:
         cut.sort()
         self._fifo_keys, self._fifo = _without(self._fifo_keys, cut), _without(self._fifo, cut)
 
-    def dispatched(self, admitted: Sequence[WaitingRequest]) -> None:
+    def dispatched(self, admitted: Sequence[WaitingRequest], kept: int | None) -> None:
         """The engine took ``admitted``, the head of the expected order (else the next round rebuilds)."""
-        if self.queue.dispatched(admitted):
+        if self.queue.dispatched(admitted, kept):
             self._remove_all([r.id for r in admitted])
 
     def close(self) -> None:

@@ -133,6 +133,7 @@ class Engine:
         self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
         self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
         self.waiting: list[Seq] = []
+        self.kept = 0  # the head of ``waiting`` that is the last plan's order less its admitted head (SchedContext)
         self.active: dict[int, Seq] = {}  # admitted, not finished
         self.decoding: list[tuple[int, Seq]] = []  # heap by finish step
         self.chunked: Seq | None = None
@@ -309,7 +310,7 @@ class Engine:
         adder.offset += self.rule.running_offset(self)
         ctx = SchedContext(now_of(self.env), self.cache, tuple(self.active.values()), self.hints,
                            batch_hint=cfg.max_running_requests - len(self.active),
-                           token_budget=min(adder.chunk, adder.input))
+                           token_budget=min(adder.chunk, adder.input), kept=self.kept)
         plan = self.scheduler.plan(self.waiting, ctx)
         self.counters[SCHEDULING_ROUNDS] += 1
         admitted: list[Seq] = []
@@ -341,6 +342,7 @@ class Engine:
             del self.waiting[:len(admitted)]
         else:
             self.waiting = plan.order[len(admitted):]  # a new list
+        self.kept = len(self.waiting)
         self.books.dispatched(admitted, ctx)
         return adder.batch
 
