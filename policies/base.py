@@ -222,9 +222,10 @@ class SchedContext:
     # the new tokens the engine can prefill this round (0: unknown): its admission stops once the requests it
     # took have used them up, each taking at least its uncached tokens
     token_budget: int = 0
-    # how many requests at the head of the waiting queue are the last round's order less the head the engine
-    # admitted, as the engine kept them (arrivals and retracted requests join after them); None: the engine does
-    # not say (``policies/expected_queue.py``)
+    # how many requests at the head of the waiting queue were in it at the last round and not admitted then:
+    # the last plan's order less its admitted head, as the engine kept it (or its own queue, under
+    # ``Plan.keep_queue``); arrivals and retracted requests join after them. None: the engine does not say
+    # (``policies/expected_queue.py``)
     kept: int | None = None
 
 
@@ -256,9 +257,14 @@ class Plan:
     """A scheduler's answer: the waiting requests in admission order, new reusable-segment orders, and the
     lane a request was ordered in where the scheduler has lanes (e.g. QAS's and k-LPM's FIFO "cold" picks)."""
 
-    order: list[Any]
+    order: Iterable[Any]  # a list, but where ``keep_queue``
     align: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     lanes: Mapping[int, str] = field(default_factory=dict)  # request id -> lane label; absent: DEFAULT_LANE
+    # True: the engine keeps its queue in its own order and only takes out what it admitted; ``order`` is the
+    # order it tries the requests in, read no further than it admits (an iterator: k-LPM's picks, then its FIFO
+    # order, where a list would copy the whole queue each round), and only an engine that says what it kept
+    # (``SchedContext.kept``) is handed one
+    keep_queue: bool = False
 
     def lane(self, request_id: int) -> str:
         return self.lanes.get(request_id, DEFAULT_LANE)

@@ -62,7 +62,7 @@ def release_window(scheduler: Scheduler, held: Sequence[WaitingRequest], ctx: Sc
     handed to the engine (``submit``) in that order, and count as dispatched. Returns the others, in plan
     order (they stay held: a front end that holds the backlog plans them again with the next window's)."""
     plan = scheduler.plan(held, ctx)
-    order = plan.order
+    order = plan.order if isinstance(plan.order, list) else list(plan.order)
     released = order if room is None or room >= len(order) else order[:room]
     for seq in released:
         seq.realign(plan.align.get(seq.id))

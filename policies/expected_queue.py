@@ -21,36 +21,39 @@ class ExpectedQueue:
     """The queue expected at the next round: ``expect`` the order handed to the engine, ``dispatched`` its admitted
     head, then ``joined`` tells what came after it. ``kept`` is the round's ``SchedContext.kept``."""
 
-    __slots__ = ("_order", "_len", "_taken")
+    __slots__ = ("_known", "_order", "_len", "_taken")
 
     def __init__(self) -> None:
-        self._order: list | None = []  # the last order handed to the engine (None: not known)
-        self._len = 0  # its length when handed
+        self._known = True  # False: the next round takes the whole queue
+        self._order: list | None = []  # the last order handed to the engine (None: its length only)
+        self._len = 0  # the queue's length when handed
         self._taken = 0  # its head the engine admitted
 
-    def expect(self, order: list) -> None:
+    def expect(self, order: list | None, length: int | None = None) -> None:
         """A round handed the engine ``order`` (the list itself, not a copy: an engine that does not report what
-        it kept leaves it as it is; one that does may drop its admitted head in place)."""
-        self._order, self._len, self._taken = order, len(order), 0
+        it kept leaves it as it is; one that does may drop its admitted head in place). None, with the queue's
+        ``length``: a plan that leaves the queue to the engine (``Plan.keep_queue``, for an engine that says what
+        it kept)."""
+        self._known, self._order, self._taken = True, order, 0
+        self._len = len(order) if length is None else length  # type: ignore[arg-type]
 
     def dispatched(self, admitted: Sequence, kept: int | None) -> bool:
         """The engine took ``admitted``: whether it was the expected order's head (else nothing is expected). An
         engine that reports what it kept admits the head by construction."""
-        order, n = self._order, len(admitted)
-        if order is None or (kept is None and list(admitted) != order[self._taken:self._taken + n]):
-            self._order = None
+        order, start = self._order, self._taken
+        if not self._known or kept is None and (order is None or list(admitted) != order[start:start + len(admitted)]):
+            self._known = False
             return False
-        self._taken += n
+        self._taken += len(admitted)
         return True
 
     def joined(self, waiting: Sequence, kept: int | None) -> Sequence | None:
         """The requests after the expected ones in this round's queue, or None if it does not start with them."""
-        order = self._order
-        if order is None:
+        if not self._known:
             return None
-        m = self._len - self._taken
+        m, order = self._len - self._taken, self._order
         if kept is not None:  # the engine says how many it kept
             return waiting[m:] if kept == m else None
-        if len(waiting) < m or waiting[:m] != order[self._taken:]:  # a queue not a list is never equal: afresh
+        if order is None or len(waiting) < m or waiting[:m] != order[self._taken:]:  # not a list: never equal
             return None
         return waiting[m:]

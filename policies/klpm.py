@@ -128,9 +128,13 @@ class KLPM(Scheduler):
             need += r.prompt_len - hits[r.id]
             if self._enough(need, ctx):
                 break
-        order = ranked.picks_then_fifo(picks)
-        ranked.queue.expect(order)
-        return Plan(order, lanes=dict.fromkeys(cold, "cold"))
+        lanes = dict.fromkeys(cold, "cold")
+        if ctx.kept is None:  # an engine that does not say what it kept: it compares its queue with the order
+            order = list(ranked.picks_then_fifo(picks))
+            ranked.queue.expect(order)
+            return Plan(order, lanes=lanes)
+        ranked.queue.expect(None, len(waiting))
+        return Plan(ranked.picks_then_fifo(picks), lanes=lanes, keep_queue=True)
 
     def on_dispatch(self, admitted: Sequence[WaitingRequest], ctx: SchedContext) -> None:
         self.admitted += len(admitted)
@@ -140,20 +144,22 @@ class KLPM(Scheduler):
 
 class _Ranked:
     """The waiting requests as k-LPM ranks them, kept between rounds: in FIFO (arrival, id) order and, per match
-    length, in FIFO order; the matches kept current by a :class:`MatchMemo`."""
+    length, in FIFO order; the matches kept current by a :class:`MatchMemo`.
+
+    The FIFO order is a dict's: requests come in that order but for a retracted one (it keeps its arrival), and
+    leave from anywhere in it, about 18 a round from thousands, each at the cost of a deletion, where a list
+    was copied whole (each copy touches every request: docs/benchmarks.md, ninth pass)."""
 
     def __init__(self, cache, waiting: Sequence[WaitingRequest]) -> None:
         self.memo = MatchMemo(cache)
-        self._fifo_keys: list[tuple] = []  # (arrival, id), sorted
-        self._fifo: list = []  # the requests, in the same order
         self._by_hit: dict[int, list[tuple]] = {}  # match length -> (arrival, id) keys of its requests, sorted
         self._levels: list[int] = []  # the match lengths present, ascending
-        self._request: dict[int, WaitingRequest] = {}
+        self._request: dict[int, WaitingRequest] = {}  # request id -> request, in FIFO order
         self.queue = ExpectedQueue()  # the waiting queue expected at the next round, before arrivals
         self._add(waiting)
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        return len(self._request)
 
     # ---------------------------------------------------------------- membership
     def sync(self, waiting: Sequence[WaitingRequest], kept: int | None) -> bool:
@@ -165,34 +171,28 @@ class _Ranked:
         return True
 
     def _add(self, requests: Sequence[WaitingRequest]) -> None:
+        request, in_order = self._request, True
         for r in requests:
-            if r.id in self._request:
+            if r.id in request:
                 self._remove(r.id)
             key = (r.arrival, r.id)
-            i = bisect_left(self._fifo_keys, key)
-            self._fifo_keys.insert(i, key)
-            self._fifo.insert(i, r)
-            self._request[r.id] = r
+            if in_order and request:
+                last = request[next(reversed(request))]
+                in_order = (last.arrival, last.id) < key
+            request[r.id] = r
             self._place(key, self.memo.add(r.id, r.key))
+        if not in_order:  # a retracted request, or a rebuild: sorted again (timsort: in one pass, mostly)
+            self._request = {r.id: r for r in sorted(request.values(), key=attrgetter("arrival", "id"))}
 
     def _remove(self, rid: int) -> None:
         self._remove_all((rid,))
 
     def _remove_all(self, rids: Sequence[int]) -> None:
-        """Take these requests out: the FIFO lists are cut in one pass, not a deletion each (the engine admits
-        about 18 a round from a queue of thousands: a deletion each moved the lists' tails 18 times, 4% of a
-        zipf run of 20,480 requests)."""
-        if not rids:
-            return
-        cut = []
+        """Take these requests out."""
         for rid in rids:
             r = self._request.pop(rid)
-            key = (r.arrival, r.id)
-            cut.append(bisect_left(self._fifo_keys, key))
-            self._unplace(key, self.memo.hits[rid])
+            self._unplace((r.arrival, r.id), self.memo.hits[rid])
         self.memo.forget(rids)
-        cut.sort()
-        self._fifo_keys, self._fifo = _without(self._fifo_keys, cut), _without(self._fifo, cut)
 
     def dispatched(self, admitted: Sequence[WaitingRequest], kept: int | None) -> None:
         """The engine took ``admitted``, the head of the expected order (else the next round rebuilds)."""
@@ -229,7 +229,7 @@ class _Ranked:
 
     def oldest(self):
         """The requests, oldest first."""
-        return iter(self._fifo)
+        return iter(self._request.values())
 
     def longest(self):
         """The requests, longest match first, older first among equals."""
@@ -238,18 +238,11 @@ class _Ranked:
             for _, rid in self._by_hit[hit]:
                 yield request[rid]
 
-    def picks_then_fifo(self, picks: list) -> list:
-        """``picks``, then the other requests in FIFO order: one list made once (each copy of the queue touches
-        every request, a first-level cache miss each: docs/benchmarks.md, eighth pass)."""
-        keys = self._fifo_keys
-        return _without(self._fifo, sorted([bisect_left(keys, (r.arrival, r.id)) for r in picks]), head=picks)
-
-
-def _without(items: list, cut: list[int], head: Sequence = ()) -> list:
-    """``head``, then ``items`` without the items at the positions ``cut`` (ascending)."""
-    out, start = list(head), 0
-    for i in cut:
-        out += items[start:i]
-        start = i + 1
-    out += items[start:]
-    return out
+    def picks_then_fifo(self, picks: list):
+        """``picks``, then the other requests in FIFO order, as the engine reads them: it admits about 18 a
+        round, the picks, and reads no further."""
+        yield from picks
+        taken = {r.id for r in picks}
+        for rid, r in self._request.items():
+            if rid not in taken:
+                yield r

@@ -34,7 +34,7 @@ and then unlocked.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import simpy
 
@@ -57,7 +57,7 @@ class Seq(SegmentedPrompt):
 
     __slots__ = ("req", "id", "arrival", "output_len", "fixed_order", "prompt_len",
                  "sent", "prefill_start", "prefill_end", "first_token", "finish", "hit", "kv_len", "node",
-                 "finish_step", "lane", "realigned", "retracted_output")
+                 "finish_step", "lane", "realigned", "retracted_output", "admitted_in")
 
     def __init__(self, req: Request) -> None:
         self.req = req
@@ -75,6 +75,7 @@ class Seq(SegmentedPrompt):
         self.lane = ""
         self.realigned = False
         self.retracted_output = 0  # tokens generated before its last retraction: prefilled again with the prompt
+        self.admitted_in = 0  # the engine's scheduling round that last admitted it (0: none)
 
     @property
     def fill_len(self) -> int:
@@ -133,7 +134,8 @@ class Engine:
         self.books = Bookkeeper(scheduler, eviction, self.hints, self.counters)
         self.rule = RULES[config.admission](config)  # the KV admission rule (sim/admission.py)
         self.waiting: list[Seq] = []
-        self.kept = 0  # the head of ``waiting`` that is the last plan's order less its admitted head (SchedContext)
+        self.kept = 0  # the head of ``waiting`` that was in it at the last round and not admitted (SchedContext)
+        self.rounds = 0  # scheduling rounds so far (a request's ``admitted_in``)
         self.active: dict[int, Seq] = {}  # admitted, not finished
         self.decoding: list[tuple[int, Seq]] = []  # heap by finish step
         self.chunked: Seq | None = None
@@ -313,6 +315,7 @@ class Engine:
                            token_budget=min(adder.chunk, adder.input), kept=self.kept)
         plan = self.scheduler.plan(self.waiting, ctx)
         self.counters[SCHEDULING_ROUNDS] += 1
+        self.rounds += 1
         admitted: list[Seq] = []
         now = now_of(self.env)
         for seq in plan.order:
@@ -332,6 +335,7 @@ class Engine:
                 self.batch_is_full = self.batch_is_full or adder.out_of_kv
                 break
             self._start(seq, hit, new, node, take, owed, plan.lane(seq.id))
+            seq.admitted_in = self.rounds
             admitted.append(seq)
             if take < new:
                 self.chunked = seq
@@ -340,8 +344,12 @@ class Engine:
         # is (FCFS) hands back the queue itself, which loses its admitted head in place
         if plan.order is self.waiting:
             del self.waiting[:len(admitted)]
+        elif plan.keep_queue:  # the queue stays in its order, less what this round admitted
+            if admitted:
+                round_ = self.rounds
+                self.waiting = [seq for seq in self.waiting if seq.admitted_in != round_]
         else:
-            self.waiting = plan.order[len(admitted):]  # a new list
+            self.waiting = cast(list, plan.order)[len(admitted):]  # a new list
         self.kept = len(self.waiting)
         self.books.dispatched(admitted, ctx)
         return adder.batch

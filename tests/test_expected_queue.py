@@ -3,11 +3,15 @@ only what joined it since: whole runs serve as when every round takes the whole 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prism.policies.contextpilot import ContextPilot
 from prism.policies.expected_queue import ExpectedQueue
+from prism.policies.klpm import KLPM
 
 
 def test_what_joined_after_the_expected_queue():
@@ -72,7 +76,6 @@ def test_a_round_that_reads_only_what_joined_serves_as_one_that_reads_the_whole_
     spec = RunSpec.build(trace, method.split("-")[0], "lru", engine=EngineConfig(max_total_tokens=capacity,
                          admission=admission), knobs=knobs, profile=load_profile())
     joined, read = ExpectedQueue.joined, []
-    dispatched = ExpectedQueue.dispatched
 
     def reading(self, w, kept):
         out = joined(self, w, kept)
@@ -84,10 +87,12 @@ def test_a_round_that_reads_only_what_joined_serves_as_one_that_reads_the_whole_
         incremental = simulate(spec)
         assert any(read), "no round read only what joined: the case tests nothing"
         read.clear()
-        # an engine that does not say what it kept: each round compares its queue with the one expected
-        mp.setattr(ExpectedQueue, "joined", lambda self, w, kept: reading(self, w, None))
-        mp.setattr(ExpectedQueue, "dispatched", lambda self, a, kept: dispatched(self, a, None))
-        compared = simulate(spec)
+        with pytest.MonkeyPatch.context() as unsaid:  # an engine that does not say what it kept (the live plugin):
+            for cls in (KLPM, ContextPilot):  # each round compares its queue with the one expected
+                for name in ("plan", "on_dispatch"):
+                    unsaid.setattr(cls, name, lambda self, q, ctx, f=getattr(cls, name):
+                                   f(self, q, replace(ctx, kept=None)))
+            compared = simulate(spec)
         mp.setattr(ExpectedQueue, "joined", lambda self, w, kept: None)
         afresh = simulate(spec)
     assert incremental.records == afresh.records and incremental.counters == afresh.counters
