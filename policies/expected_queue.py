@@ -29,13 +29,13 @@ class ExpectedQueue:
         self._len = 0  # the queue's length when handed
         self._taken = 0  # its head the engine admitted
 
-    def expect(self, order: list | None, length: int | None = None) -> None:
+    def expect(self, order: list | None, length: int = 0) -> None:
         """A round handed the engine ``order`` (the list itself, not a copy: an engine that does not report what
         it kept leaves it as it is; one that does may drop its admitted head in place). None, with the queue's
         ``length``: a plan that leaves the queue to the engine (``Plan.keep_queue``, for an engine that says what
         it kept)."""
         self._known, self._order, self._taken = True, order, 0
-        self._len = len(order) if length is None else length  # type: ignore[arg-type]
+        self._len = length if order is None else len(order)
 
     def dispatched(self, admitted: Sequence, kept: int | None) -> bool:
         """The engine took ``admitted``: whether it was the expected order's head (else nothing is expected). An

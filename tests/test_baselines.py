@@ -152,6 +152,42 @@ def test_klpm_kept_queue_serves_as_the_definition(k, capacity, qps, seed, admiss
     assert max(rounds) > 1
 
 
+@settings(max_examples=15, deadline=None)
+@given(k=st.integers(1, 4), capacity=st.sampled_from([None, 6000]), qps=st.sampled_from([120, 400]),
+       seed=st.integers(0, 50))
+def test_klpm_plan_that_leaves_the_queue_to_the_engine_is_the_definitions_whole_order(k, capacity, qps, seed):
+    """Handed to the simulated engine, k-LPM's plan is an iterator the engine reads only as far as it admits
+    (``Plan.keep_queue``): read to its end at every round of a whole run, it is the definition's whole order, its
+    FIFO rest included, which admission rarely reaches; and lanes alike."""
+    from dataclasses import replace
+
+    from prism.calibration.cost_model import load_profile
+    from prism.settings import EngineConfig, RunSpec
+    from prism.sim.run import simulate
+    from prism.traces.spec import load_trace
+
+    trace = load_trace("zipf", {"num_requests": 150, "qps": qps, "seed": seed})
+    spec = RunSpec.build(trace, "klpm", "lru", engine=EngineConfig(max_total_tokens=capacity),
+                         knobs={"klpm": {"k": k}}, profile=load_profile())
+    plan, compared = KLPM.plan, []
+
+    def checked(self, waiting, ctx):
+        got = plan(self, waiting, ctx)
+        if not got.keep_queue:
+            return got
+        whole = list(got.order)
+        ref = self.plan_reference(waiting, ctx)
+        assert [r.id for r in whole] == [r.id for r in ref.order]
+        assert dict(got.lanes) == dict(ref.lanes)
+        compared.append(len(whole))
+        return replace(got, order=iter(whole))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(KLPM, "plan", checked)
+        simulate(spec)
+    assert compared and max(compared) > 1, "no round left the queue to the engine: the case tests nothing"
+
+
 @settings(max_examples=25, deadline=None)
 @given(k=st.integers(1, 4), capacity=st.sampled_from([None, 6000, 20000]), qps=st.sampled_from([40, 120, 400]),
        seed=st.integers(0, 50), admission=st.sampled_from(["sglang", "full"]), chunk=st.sampled_from([512, 8192]))
