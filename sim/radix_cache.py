@@ -264,7 +264,7 @@ class RadixCache(PrefixTree):
         while node is not None:
             if on_evict is not None:
                 on_evict(node)
-            parent = node.parent
+            parent: Node = node.parent  # typed: compiled, its fields are read directly (a leaf has a parent)
             del parent.children[node.key[:pb]]
             node.parent = None  # out of the tree: its heap entries are stale
             if self._logs:
@@ -307,7 +307,8 @@ class RadixCache(PrefixTree):
         heap, tick, start = self._heap, self._tick, self._pass_start
         while heap:
             entry = heapq.heappop(heap)
-            node, pushed = entry[-1], entry[-2]
+            node: Node = entry[-1]  # typed, as is `pushed`: compiled, the checks below read fields directly
+            pushed: int = entry[-2]
             if node.lock_ref or node.children or node.parent is None:
                 continue  # locked, an inner node or evicted now: it is pushed again when it is a candidate
             if pushed > start:  # keyed in this pass: nothing has touched it since
