@@ -19,12 +19,15 @@ from __future__ import annotations
 import hashlib
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Final, Iterable, Sequence
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-SYS, REUSE, PRIV = "sys", "reuse", "priv"
+#: the segment kinds (Final: compiled code compares a segment's kind with the string itself, not a global's lookup)
+SYS: Final = "sys"
+REUSE: Final = "reuse"
+PRIV: Final = "priv"
 KINDS = (SYS, REUSE, PRIV)
 
 #: Token ids are int32; a prompt travels as their bytes (``key``), so that comparing prefixes is a memcmp.
@@ -269,9 +272,9 @@ class SegmentedPrompt:
             self._layout = layout(self.segments)
         return self._layout
 
-    def shared_ids(self):
+    def shared_ids(self) -> list[str]:
         """Ids of the segments other requests may share (system and reusable), as the demand counters see them."""
-        return (s.id for s in self.segments if s.kind != PRIV)
+        return [s.id for s in self.segments if s.kind != PRIV]
 
 
 def realigned(segments: Sequence[Segment], skeleton: Sequence[str], request_id: int) -> tuple[Segment, ...] | None:

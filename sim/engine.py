@@ -34,7 +34,7 @@ and then unlocked.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, cast
+from typing import Any, Callable, Generator, cast
 
 import simpy
 
@@ -172,8 +172,8 @@ class Engine:
         """Whether the next iteration runs a batch (admission may still find nothing to admit)."""
         return bool((self.waiting and not self.batch_is_full) or self.chunked or self.decoding)
 
-    def _loop(self):
-        env, cost, ev, host, elapse = self.env, self.cost, self.events, self.host, self.ticker.elapse
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
+        env, cost, ev, host, ticker = self.env, self.cost, self.events, self.host, self.ticker
         while True:
             if host is not None and self.has_work():
                 slot = host.acquire(self)
@@ -189,7 +189,7 @@ class Engine:
                         seq.prefill_start = start
                 if ev is not None:
                     ev.prefill_started(self, batch)
-                wait = elapse(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
+                wait = ticker.elapse(cost.prefill_time([b[1] for b in batch], [b[2] for b in batch]) + extra)
                 if wait is not None:
                     yield wait
                 self.counters[PREFILL_ITERATIONS] += 1
@@ -218,7 +218,7 @@ class Engine:
                 extra = host.settle(self) if host is not None else 0.0
                 if ev is not None:
                     ev.decode_started(self, n)
-                wait = elapse(cost.decode_time(n, self.sum_ctx) + extra)
+                wait = ticker.elapse(cost.decode_time(n, self.sum_ctx) + extra)
                 if wait is not None:
                     yield wait
                 self.counters[DECODE_ITERATIONS] += 1
