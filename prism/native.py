@@ -35,6 +35,7 @@ MODULES = {
     "prism.policies.bookkeeping": "policies/bookkeeping.py",
     "prism.policies.context_tree": "policies/context_tree.py",
     "prism.policies.dart": "policies/dart.py",
+    "prism.policies.demand": "policies/demand.py",
     "prism.policies.moore_hodgson": "policies/moore_hodgson.py",
     "prism.policies.placement": "policies/placement.py",
     "prism.policies.prefix_tree": "policies/prefix_tree.py",
