@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Mapping
 from operator import is_
 from types import SimpleNamespace
-from typing import Collection, NamedTuple, Sequence
+from typing import Collection, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -644,7 +644,7 @@ class _Alignment(LazyAlignment):
         names = table.segment_names
         return tuple([names[i] for i in out.tolist()])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return (rid for rid in self._table.request_id[self._queued].tolist() if rid in self)
 
 
@@ -673,7 +673,7 @@ class _AgedLanes(Mapping):
             raise KeyError(rid)
         return out
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         aged = self._table.request_id[self._aged_rows].tolist()
         return iter(dict.fromkeys([*self._cold, *aged]))
 

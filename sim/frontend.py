@@ -21,7 +21,7 @@ front end holds (``qas.front_end``, DESIGN §3):
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Generator, Protocol
 
 import simpy
 
@@ -89,7 +89,7 @@ class FrontEnd:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _loop(self):
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
             if not self.held:
