@@ -36,7 +36,7 @@ from prism.core import PRIV, TOKEN_DTYPE
 from prism.counters import EVICTED_NODES, EVICTED_TOKENS
 from prism.policies.anchors import ResidentSegments, hand_over, owner, pieces, split_owner
 from prism.policies.base import EvictionPolicy
-from prism.policies.prefix_tree import PrefixTree
+from prism.policies.prefix_tree import PrefixNode, PrefixTree
 
 from prism.live.seq import LiveSeq
 
@@ -51,15 +51,11 @@ class _PolicyStrategy:
         return (self.policy.key(node), node.created)
 
 
-class _PeekNode:
+class _PeekNode(PrefixNode):
     """A node of the peek index: its SGLang node's edge as token bytes, its children by their first page, and
-    the position and end depth a peek reports."""
+    the position and end depth a peek reports (a walk's :class:`~prism.policies.prefix_tree.PrefixNode`)."""
 
-    __slots__ = ("children", "key", "position", "depth")
-
-    def __init__(self, key: bytes, position: int, depth: int) -> None:
-        self.children: dict[bytes, _PeekNode] = {}
-        self.key, self.position, self.depth = key, position, depth
+    __slots__ = ()
 
 
 class PeekIndex(PrefixTree):

@@ -16,17 +16,15 @@ import heapq
 
 from prism.core import TOKEN_BYTES
 
-from prism.policies.prefix_tree import PrefixTree
+from prism.policies.prefix_tree import PrefixNode, PrefixTree
 
 
-class _Node:
-    __slots__ = ("parent", "children", "key", "last_access_time", "created")
+class _Node(PrefixNode):
+    __slots__ = ("parent", "created")  # and PrefixNode's
 
     def __init__(self, parent: "_Node | None", key: bytes, last: float, created: int) -> None:
+        super().__init__(key, last_access_time=last)
         self.parent = parent
-        self.children: dict[bytes, _Node] = {}
-        self.key = key
-        self.last_access_time = last
         self.created = created
 
 

@@ -17,11 +17,28 @@ split it at the match and go on into its upper part (admission and insertion).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from mypy_extensions import mypyc_attr
 
 from prism.core import TOKEN_BYTES
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # a router's tree's nodes and the live peek index's (prism/native.py)
+class PrefixNode:
+    """What the walk reads and stamps of a node, which each tree's nodes extend (not SGLang's ``TreeNode``: the live
+    peek index's): typed, so that the compiled walk reads them as fields, where untyped nodes cost a generic lookup
+    each (zipf, 20,480 requests: 1.1% of an FCFS run's instructions, 1.6% of k-LPM's)."""
+
+    __slots__ = ("children", "key", "position", "depth", "last_access_time", "hit_count")
+
+    def __init__(self, key: bytes, position: int = 0, depth: int = 0, last_access_time: float = 0.0) -> None:
+        self.children: dict[bytes, PrefixNode] = {}
+        self.key = key
+        self.position = position
+        self.depth = depth
+        self.last_access_time = last_access_time
+        self.hit_count = 0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # a router's tree and the live peek index (prism/native.py)
@@ -60,8 +77,8 @@ class PrefixTree:
                 hi = mid
         return lo * self.page_size
 
-    def _walk(self, key: bytes, node, pos: int, split: bool, now: float | None = None, hit: bool = False,
-              layout=None, path: list | None = None, end: int | None = None):
+    def _walk(self, key: bytes, node: PrefixNode, pos: int, split: bool, now: float | None = None, hit: bool = False,
+              layout=None, path: list | None = None, end: int | None = None) -> Any:
         """The descent along ``key`` from ``node`` (which ends at byte ``pos`` of ``key``).
 
         ``split``: split a partly matched child at the match and go on into its upper part, or stop above it
@@ -86,7 +103,7 @@ class PrefixTree:
                     return node, pos, child
                 if now is not None and self.stamps_split_child:
                     child.last_access_time = now
-                child = self._split(child, self._lcp(ck, key[pos:min(pos + len(ck), n)]), layout)
+                child = cast(PrefixNode, self._split(child, self._lcp(ck, key[pos:min(pos + len(ck), n)]), layout))
                 ck = child.key
             if now is not None:
                 child.last_access_time = now
@@ -138,4 +155,4 @@ class PrefixTree:
         return path
 
 
-__all__ = ["PrefixTree"]
+__all__ = ["PrefixNode", "PrefixTree"]

@@ -19,16 +19,16 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from itertools import count
-from typing import Any, Callable, ClassVar, Collection, Iterator
+from typing import Any, Callable, ClassVar, Collection, Iterator, cast
 
 import numpy as np
 
 from prism.core import PRIV, TOKEN_BYTES, TOKEN_DTYPE
 from prism.policies.anchors import Layout, ResidentSegments, hand_over, pieces, split_owner
-from prism.policies.prefix_tree import PrefixTree
+from prism.policies.prefix_tree import PrefixNode, PrefixTree
 
 
-class Node:
+class Node(PrefixNode):
     """One edge of the tree. ``parent``, ``children``, ``key``, ``lock_ref``, ``last_access_time`` and
     ``hit_count`` are SGLang's ``TreeNode`` names; two numbers tell nodes apart (:func:`~prism.policies.anchors
     .hand_over` sets them at a split, for this tree and the live one alike):
@@ -40,14 +40,13 @@ class Node:
       ties with it, as the live cache does with its own ``created``.
     """
 
-    __slots__ = ("position", "created", "parent", "children", "key", "length", "depth", "lock_ref",
-                 "last_access_time", "hit_count", "kind", "seg_id")
+    __slots__ = ("created", "parent", "length", "lock_ref", "kind", "seg_id")  # and PrefixNode's
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
         self.position = self.created = node_id
         self.parent: Any = parent  # a Node; None for the root and once evicted
-        self.children: dict[bytes, Node] = {}
+        self.children = {}
         self.key = key
         self.length = len(key) // TOKEN_BYTES
         self.depth = depth  # tokens from the root to the end of this node
@@ -322,7 +321,7 @@ class RadixCache(PrefixTree):
 
     # ---------------------------------------------------------------- inspection
     def nodes(self) -> Iterator[Node]:
-        stack = list(self.root.children.values())
+        stack: list[Any] = list(self.root.children.values())  # a Node's children are Nodes
         while stack:
             n = stack.pop()
             yield n
@@ -351,7 +350,7 @@ class RadixCache(PrefixTree):
             assert n.length > 0 and n.length % self.page_size == 0, n
             assert n.depth == n.parent.depth + n.length, n
             for k, c in n.children.items():
-                assert c.parent is n and c.key[:self._pb] == k
+                assert cast(Node, c).parent is n and c.key[:self._pb] == k
             if n.parent is not self.root:
                 assert n.parent.lock_ref >= n.lock_ref, "a parent is locked at least as often as its child"
         assert size == self.size, (size, self.size)
