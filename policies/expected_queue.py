@@ -41,7 +41,8 @@ class ExpectedQueue:
         """The engine took ``admitted``: whether it was the expected order's head (else nothing is expected). An
         engine that reports what it kept admits the head by construction."""
         order, start = self._order, self._taken
-        if not self._known or kept is None and (order is None or list(admitted) != order[start:start + len(admitted)]):
+        if not self._known or (kept is None and (order is None
+                                                  or list(admitted) != order[start:start + len(admitted)])):
             self._known = False
             return False
         self._taken += len(admitted)

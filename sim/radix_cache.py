@@ -44,15 +44,11 @@ class Node(PrefixNode):
 
     def __init__(self, node_id: int, parent: "Node | None", key: bytes, depth: int, now: float,
                  kind: str = PRIV, seg_id: str = "") -> None:
-        self.position = self.created = node_id
+        super().__init__(key, node_id, depth, now)  # depth: tokens from the root to the end of this node
+        self.created = node_id
         self.parent: Any = parent  # a Node; None for the root and once evicted
-        self.children = {}
-        self.key = key
         self.length = len(key) // TOKEN_BYTES
-        self.depth = depth  # tokens from the root to the end of this node
         self.lock_ref = 0
-        self.last_access_time = now
-        self.hit_count = 0
         self.kind = kind
         self.seg_id = seg_id
 
